@@ -1,0 +1,25 @@
+# The two commands a new user needs. Both set everything up first (scripts/setup.sh).
+.PHONY: setup demo test lint docs bench clean
+
+setup:
+	@scripts/setup.sh
+
+demo: setup
+	.venv/bin/flopwatch demo
+
+test: setup
+	.venv/bin/ruff check .
+	.venv/bin/python -m pytest
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+docs: setup
+	.venv/bin/flopwatch docs metrics --out docs/metrics.md
+
+bench: setup
+	.venv/bin/python -m bench.scrape_latency
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache

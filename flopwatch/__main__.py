@@ -1,0 +1,3 @@
+from flopwatch.cli import main
+
+raise SystemExit(main())

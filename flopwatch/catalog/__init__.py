@@ -1,0 +1,80 @@
+"""The one metric catalogue: every series FlopWatch exports, with type, unit, help and labels.
+
+Collectors build their families from these specs, `docs/metrics.md` is generated from them and
+tests read them, so a metric name is spelled exactly once in the code base. Each family lives in
+its own module (gpu, nic, host, train, job, agent) so capabilities can grow independently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+MetricType = Literal["gauge", "counter"]
+
+#: Every series carries the node (host name) it came from; Prometheus owns `job`/`instance`.
+COMMON_LABELS: tuple[str, ...] = ("node",)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported metric family. `name` is the full exposition name (counters end in _total)."""
+
+    name: str
+    type: MetricType
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    #: When the value is absent: the reason a user sees in docs (e.g. "GPM: Hopper and newer").
+    availability: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith("flopwatch_"):
+            raise ValueError(f"{self.name}: every FlopWatch metric starts with flopwatch_")
+        if (self.type == "counter") != self.name.endswith("_total"):
+            raise ValueError(f"{self.name}: counters and only counters end in _total")
+        if self.unit and self.unit not in self.name:
+            raise ValueError(f"{self.name}: the unit {self.unit!r} belongs in the name")
+        for reserved in ("job", "instance", "cluster"):
+            if reserved in self.labels:
+                raise ValueError(f"{self.name}: label {reserved!r} is owned by Prometheus")
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return COMMON_LABELS + self.labels
+
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        """A fresh, empty family for one collect() call (custom-collector pattern)."""
+        if self.type == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=self.all_labels)
+        return GaugeMetricFamily(self.name, self.help, labels=self.all_labels)
+
+
+def _modules() -> list[ModuleType]:
+    from flopwatch.catalog import agent, gpu, host, job, nic, train
+
+    return [agent, gpu, nic, host, job, train]
+
+
+def metrics_of(module: ModuleType) -> list[Metric]:
+    return [value for value in vars(module).values() if isinstance(value, Metric)]
+
+
+def all_metrics() -> Iterator[tuple[str, Metric]]:
+    """(family module name, metric) for every metric, in catalogue order."""
+    seen: set[str] = set()
+    for module in _modules():
+        section = module.__name__.rsplit(".", 1)[-1]
+        for metric in metrics_of(module):
+            if metric.name in seen:
+                raise ValueError(f"{metric.name} is defined twice in the catalogue")
+            seen.add(metric.name)
+            yield section, metric
+
+
+def by_name() -> dict[str, Metric]:
+    return {metric.name: metric for _, metric in all_metrics()}

@@ -1,0 +1,1 @@
+"""Metrics of the host collector (filled in by its capability)."""

@@ -1,0 +1,1 @@
+"""Metrics of the job collector (filled in by its capability)."""

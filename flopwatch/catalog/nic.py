@@ -1,0 +1,1 @@
+"""Metrics of the nic collector (filled in by its capability)."""

@@ -1,0 +1,1 @@
+"""Metrics of the train collector (filled in by its capability)."""

@@ -1,0 +1,99 @@
+"""`flopwatch` command line: one subcommand per capability, each with --help.
+
+Exit codes scripts can trust: 0 success, 1 a runtime failure (unreachable server, failed
+check), 2 bad usage or configuration (including "no GPU driver" for the agent), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from flopwatch import __version__
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit 2."""
+
+
+class RuntimeFailure(Exception):
+    """An expected runtime failure (server unreachable, check failed): one line, exit 1."""
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(
+        stream=sys.stderr, level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True,
+    )
+
+
+def _add_agent(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import agent
+
+    parser = sub.add_parser(
+        "agent", help="run the node agent (GPU telemetry on /metrics)",
+        description="Collect GPU telemetry on a fixed clock and serve it on /metrics for Prometheus. "
+        "Settings come from defaults < --config FILE < FLOPWATCH_* environment < flags.",
+    )
+    agent.add_arguments(parser)
+    parser.set_defaults(handler=agent.run)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import demo
+
+    parser = sub.add_parser(
+        "demo", help="run a simulated GPU node with a real Prometheus and show live figures",
+        description="Start the agent on simulated GPUs, a real Prometheus (Debian package) scraping it "
+        "on a free loopback port, and print live per-GPU figures from PromQL. Ctrl-C stops "
+        "everything.",
+    )
+    demo.add_arguments(parser)
+    parser.set_defaults(handler=demo.run)
+
+
+def _add_docs(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import docs
+
+    parser = sub.add_parser("docs", help="generate reference docs from the code",
+                            description="Generate docs/metrics.md from the metric catalogue.")
+    docs.add_arguments(parser)
+    parser.set_defaults(handler=docs.run)
+
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_agent, _add_demo, _add_docs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flopwatch",
+        description="FlopWatch: MFU, goodput, stragglers and GPU faults for training clusters.",
+    )
+    parser.add_argument("--version", action="version", version=f"flopwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.handler(args) or EXIT_OK)
+    except UsageError as error:
+        print(f"flopwatch {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeFailure as error:
+        print(f"flopwatch {args.command}: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"flopwatch {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

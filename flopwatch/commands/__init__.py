@@ -1,0 +1,1 @@
+"""One module per `flopwatch` subcommand: argument definitions and the handler."""

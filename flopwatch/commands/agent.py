@@ -1,0 +1,107 @@
+"""`flopwatch agent`: build the collectors from config, collect on a clock, serve /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from flopwatch import config as cfg
+from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
+from flopwatch.exporters.agent import Agent, Collector
+from flopwatch.exporters.gpu.reading import BackendUnavailable
+
+log = logging.getLogger("flopwatch.agent")
+
+#: flag -> config key; every flag is optional so the file and environment can set it instead.
+FLAGS = {
+    "backend": "backend", "listen": "listen", "interval": "interval", "node": "node",
+    "log_level": "log_level", "peak_flops": "gpu.peak_flops", "sim_gpus": "sim.gpus",
+    "sim_model": "sim.model", "nvlink_per_link": "gpu.nvlink_per_link",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (keys as in docs/agent.md)")
+    parser.add_argument("--backend", choices=["auto", "nvml", "dcgm", "sim"],
+                        help="GPU backend (default auto: DCGM, then NVML)")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help=f"address to serve /metrics on (default 0.0.0.0:{cfg.DEFAULT_PORT})")
+    parser.add_argument("--interval", metavar="SECONDS", help="collection interval, 1 to 3600 (default 5)")
+    parser.add_argument("--node", help="node label value (default: host name)")
+    parser.add_argument("--log-level", dest="log_level", help="debug, info, warning or error")
+    parser.add_argument("--peak-flops", dest="peak_flops", metavar="FLOPS",
+                        help="dense peak FLOP/s per GPU, used for GPU models FlopWatch does not know")
+    parser.add_argument("--sim-gpus", dest="sim_gpus", metavar="N", help="simulated GPUs (backend sim)")
+    parser.add_argument("--sim-model", dest="sim_model", metavar="MODEL",
+                        help="simulated GPU model, e.g. H100-SXM (backend sim)")
+    parser.add_argument("--no-nvlink-per-link", dest="nvlink_per_link", action="store_const", const=False,
+                        help="export NVLink counters summed per GPU instead of per link")
+    parser.add_argument("--once", action="store_true",
+                        help="collect once, print the exposition to stdout and exit")
+    parser.add_argument("--print-config", action="store_true", help="print the merged config and exit")
+
+
+def load_config(args: argparse.Namespace) -> cfg.AgentConfig:
+    overrides = {key: getattr(args, flag) for flag, key in FLAGS.items() if getattr(args, flag) is not None}
+    try:
+        return cfg.load(args.config, overrides)
+    except cfg.ConfigError as error:
+        raise UsageError(f"config error: {error}") from None
+
+
+def build_agent(config: cfg.AgentConfig) -> Agent:
+    """The agent with every enabled collector; raises UsageError when the GPU backend cannot start."""
+    collectors: list[Collector] = []
+    backend_name = "none"
+    if config.collectors.get("gpu", True):
+        from flopwatch.exporters.gpu.collector import GpuCollector
+        from flopwatch.exporters.gpu.select import make_backend
+
+        try:
+            backend, count = make_backend(config)
+        except BackendUnavailable as error:
+            raise UsageError(str(error)) from None
+        backend_name = backend.name
+        log.info("GPU backend %s: %d GPU(s)", backend.name, count)
+        collectors.append(GpuCollector(backend, config.node, config.gpu, count))
+    return Agent(config.node, collectors, backend_name)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    setup_logging(config.log_level)
+    if args.print_config:
+        for key, value in config.values.items():
+            print(f"{key}: {value}")
+        return 0
+    agent = build_agent(config)
+    try:
+        agent.collect_once()
+        if args.once:
+            sys.stdout.buffer.write(agent.exposition())
+            return 0
+        host, port = config.listen
+        try:
+            host, port = agent.serve(host, port)
+        except OSError as error:
+            raise RuntimeFailure(f"cannot listen on {host}:{port}: {error.strerror}; "
+                                 "pick another address with --listen HOST:PORT") from None
+        log.info("serving http://%s:%d/metrics every %gs as node %s", host, port, config.interval, config.node)
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        collector_thread = threading.Thread(target=agent.run, args=(config.interval, stop),
+                                            name="collect", daemon=True)
+        collector_thread.start()
+        while not stop.wait(1.0):
+            pass
+        log.info("stopping")
+        collector_thread.join(timeout=config.interval + 5)
+        return 0
+    finally:
+        if agent.http is not None:
+            agent.http.stop()
+        agent.close()

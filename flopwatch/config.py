@@ -1,0 +1,256 @@
+"""Agent configuration: defaults, then a YAML file, then FLOPWATCH_* environment, then flags.
+
+Every key is declared once in `FIELDS` with its parser, so a wrong value anywhere yields the same
+one-line error naming the key and what was expected (the CLI turns it into exit code 2).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flopwatch.hardware import DTYPES, known_names, model_by_name
+
+DEFAULT_PORT = 9847  # not dcgm-exporter's 9400 nor node_exporter's 9100
+ENV_PREFIX = "FLOPWATCH_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and what is expected."""
+
+
+Parser = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Field:
+    parse: Parser
+    default: Any
+    expected: str  # what a user should write, for error messages and docs
+
+
+def _number(low: float, high: float) -> Parser:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError
+        number = float(value)
+        if not low <= number <= high:
+            raise ValueError
+        return number
+
+    return parse
+
+
+def _integer(low: int, high: int) -> Parser:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        number = int(str(value), 10) if isinstance(value, str) else int(value)
+        if not low <= number <= high:
+            raise ValueError
+        return number
+
+    return parse
+
+
+def _choice(*choices: str) -> Parser:
+    def parse(value: Any) -> str:
+        text = str(value).lower()
+        if text not in choices:
+            raise ValueError
+        return text
+
+    return parse
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError
+
+
+def _optional(parse: Parser) -> Parser:
+    def parse_optional(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+            return None
+        return parse(value)
+
+    return parse_optional
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
+        raise ValueError
+    return str(value).strip()
+
+
+def _gpu_model(value: Any) -> str:
+    model = model_by_name(str(value))
+    if model is None:
+        raise ValueError
+    return model.name
+
+
+def parse_listen(value: Any) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT' or '[v6]:PORT' -> (host, port); port 0 picks a free port."""
+    text = str(value).strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError
+    host = host.strip("[]") or "0.0.0.0"
+    return host, port
+
+
+FIELDS: dict[str, Field] = {
+    "node": Field(_text, None, "a node name (default: this host's name)"),
+    "listen": Field(parse_listen, f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT, e.g. 127.0.0.1:9847"),
+    "interval": Field(_number(1, 3600), 5.0, "seconds between collections, 1 to 3600"),
+    "backend": Field(_choice("auto", "nvml", "dcgm", "sim"), "auto", "one of auto, nvml, dcgm, sim"),
+    "log_level": Field(_choice("debug", "info", "warning", "error"), "info",
+                       "one of debug, info, warning, error"),
+    "gpu.peak_flops": Field(_optional(_number(1e9, 1e17)), None,
+                            "dense peak FLOP/s per GPU for unknown models, e.g. 989.4e12"),
+    "gpu.dtype": Field(_choice(*DTYPES), "bf16", f"one of {', '.join(DTYPES)}"),
+    "gpu.nvlink_per_link": Field(_boolean, True, "true or false"),
+    "gpu.timeout": Field(_number(0.05, 60), 2.0, "seconds one GPU's read may take, 0.05 to 60"),
+    "gpu.dcgm_host": Field(_text, "127.0.0.1", "the nv-hostengine address, e.g. 127.0.0.1"),
+    "sim.gpus": Field(_integer(1, 64), 8, "GPUs on the simulated node, 1 to 64"),
+    "sim.model": Field(_gpu_model, "H100-SXM", f"one of {', '.join(known_names())}"),
+    "sim.seed": Field(_integer(0, 2**32 - 1), 0, "an integer seed"),
+    "collectors.gpu": Field(_boolean, True, "true or false"),
+}
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    peak_flops: float | None
+    dtype: str
+    nvlink_per_link: bool
+    timeout: float
+    dcgm_host: str
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    gpus: int
+    model: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    listen: tuple[str, int]
+    interval: float
+    backend: str
+    log_level: str
+    gpu: GpuOptions
+    sim: SimOptions
+    collectors: dict[str, bool]
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Flat `section.key` view, for `flopwatch agent --print-config`."""
+        flat: dict[str, Any] = {}
+        for key in FIELDS:
+            section, _, name = key.partition(".")
+            if not name:
+                flat[key] = getattr(self, key)
+            elif section == "collectors":
+                flat[key] = self.collectors[name]
+            else:
+                flat[key] = getattr(getattr(self, section), name)
+        return flat
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper().replace(".", "_")
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file {path}: not valid YAML{where}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file {path}: expected a mapping of keys to values at the top")
+    return _flatten(data)
+
+
+def load(
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> AgentConfig:
+    """Merge defaults < file < environment < overrides (flags) and validate every key."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, tuple[Any, str]] = {key: (field.default, "default") for key, field in FIELDS.items()}
+    if path is not None:
+        for key, value in _read_file(Path(path)).items():
+            if key not in FIELDS:
+                raise ConfigError(f"config file {path}: unknown key {key!r} (known: {', '.join(FIELDS)})")
+            raw[key] = (value, f"config file {path}")
+    for key in FIELDS:
+        if env_name(key) in environ:
+            raw[key] = (environ[env_name(key)], f"environment {env_name(key)}")
+    for key, value in (overrides or {}).items():
+        if key not in FIELDS:
+            raise ConfigError(f"unknown setting {key!r}")
+        if value is not None:
+            raw[key] = (value, "command line")
+    parsed: dict[str, Any] = {}
+    for key, (value, source) in raw.items():
+        field = FIELDS[key]
+        if value is None and field.default is None:
+            parsed[key] = None
+            continue
+        try:
+            parsed[key] = field.parse(value)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{key} = {value!r} ({source}): expected {field.expected}") from None
+    return AgentConfig(
+        node=parsed["node"] or socket.gethostname(),
+        listen=parsed["listen"],
+        interval=parsed["interval"],
+        backend=parsed["backend"],
+        log_level=parsed["log_level"],
+        gpu=GpuOptions(**_section(parsed, "gpu")),
+        sim=SimOptions(**_section(parsed, "sim")),
+        collectors=_section(parsed, "collectors"),
+    )
+
+
+def _section(parsed: Mapping[str, Any], section: str) -> dict[str, Any]:
+    prefix = section + "."
+    return {key[len(prefix):]: value for key, value in parsed.items() if key.startswith(prefix)}

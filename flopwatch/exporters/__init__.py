@@ -1,0 +1,1 @@
+"""The node agent (`flopwatch agent`) and its collectors."""

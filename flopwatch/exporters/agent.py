@@ -1,0 +1,151 @@
+"""The node agent: runs collectors on its own clock and serves the last rendered exposition.
+
+A scrape never touches hardware and concurrent scrapes never race: the collection thread
+updates every collector, renders the registry once into bytes, and swaps the reference that the
+HTTP server hands out.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric as Family
+
+from flopwatch import __version__
+from flopwatch.catalog import agent as m
+from flopwatch.exporters.http import METRICS_CONTENT_TYPE, HttpServer, Response
+
+log = logging.getLogger(__name__)
+
+LANDING_PAGE = b"""<html><head><title>FlopWatch agent</title></head><body>
+<h1>FlopWatch agent</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>
+</body></html>
+"""
+
+
+class Collector(Protocol):
+    """What the agent runs: `update()` reads sources (returns errors met), `collect()` renders."""
+
+    name: str
+
+    def update(self) -> int: ...
+
+    def collect(self) -> Iterator[Family]: ...
+
+    def close(self) -> None: ...
+
+
+class _Registered:
+    """Adapts a Collector to prometheus_client's registry (which only calls collect())."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+
+    def collect(self) -> Iterator[Family]:
+        return self.collector.collect()
+
+
+class Agent:
+    def __init__(self, node: str, collectors: Sequence[Collector], backend_name: str) -> None:
+        self.node = node
+        self.collectors = list(collectors)
+        self.backend_name = backend_name
+        self.durations: dict[str, float] = {}
+        self.errors: dict[str, int] = {c.name: 0 for c in self.collectors}
+        self.last_success: dict[str, float] = {}
+        self.http: HttpServer | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        for collector in self.collectors:
+            self.registry.register(_Registered(collector))
+        self.registry.register(_SelfMetrics(self))
+        self._exposition = b""
+        self.cycles = 0
+
+    # -- collection ----------------------------------------------------------------------------
+    def collect_once(self) -> None:
+        for collector in self.collectors:
+            started = time.perf_counter()
+            try:
+                failures = collector.update()
+            except Exception as error:  # one collector's failure must not stop the others
+                log.warning("collector %s failed: %s", collector.name, error)
+                failures = 1
+            self.durations[collector.name] = time.perf_counter() - started
+            self.errors[collector.name] += failures
+            if not failures:
+                self.last_success[collector.name] = time.time()
+        self._exposition = generate_latest(self.registry)
+        self.cycles += 1
+
+    def exposition(self) -> bytes:
+        return self._exposition
+
+    def run(self, interval: float, stop: threading.Event) -> None:
+        """Collect every `interval` seconds on a fixed schedule until `stop` is set."""
+        next_at = time.monotonic()
+        while not stop.is_set():
+            self.collect_once()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (slow hardware): skip missed slots instead of bursting
+                skipped = int(-delay // interval) + 1
+                log.warning("collection took longer than the %.3gs interval; skipping %d slot(s)",
+                            interval, skipped)
+                next_at += skipped * interval
+                delay = next_at - time.monotonic()
+            stop.wait(max(0.0, delay))
+
+    def close(self) -> None:
+        for collector in self.collectors:
+            try:
+                collector.close()
+            except Exception as error:
+                log.debug("closing %s: %s", collector.name, error)
+
+    # -- serving -------------------------------------------------------------------------------
+    def route(self, path: str) -> Response:
+        if path == "/metrics":
+            return Response(200, self._exposition, METRICS_CONTENT_TYPE)
+        if path == "/healthz":
+            return Response(200 if self.cycles else 503, b"ok\n" if self.cycles else b"starting\n",
+                            "text/plain")
+        if path == "/":
+            return Response(200, LANDING_PAGE, "text/html; charset=utf-8")
+        return Response(404, b"not found; metrics are at /metrics\n", "text/plain")
+
+    def serve(self, host: str, port: int) -> tuple[str, int]:
+        self.http = HttpServer(host, port, self.route)
+        return self.http.start()
+
+
+class _SelfMetrics:
+    """flopwatch_collector_* and flopwatch_build_info for the agent's own health."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Family]:
+        agent, node = self.agent, self.agent.node
+        duration, errors, success = m.COLLECTOR_DURATION.family(), m.COLLECTOR_ERRORS.family(), \
+            m.COLLECTOR_LAST_SUCCESS.family()
+        for name in agent.errors:
+            if name in agent.durations:
+                duration.add_metric([node, name], agent.durations[name])
+            errors.add_metric([node, name], agent.errors[name])
+            if name in agent.last_success:
+                success.add_metric([node, name], agent.last_success[name])
+        build = m.BUILD_INFO.family()
+        build.add_metric([node, __version__, agent.backend_name, platform.python_version()], 1)
+        yield from (duration, errors, success, build)
+        if agent.http is not None:
+            responses = m.HTTP_RESPONSES.family()
+            for code, count in sorted(agent.http.responses.items()):
+                responses.add_metric([node, str(code)], count)
+            if responses.samples:
+                yield responses

@@ -1,0 +1,222 @@
+"""The GPU collector: reads every GPU through a backend on the agent's clock, isolating faults.
+
+Each GPU is read in its own worker so one hanging or lost GPU cannot hold up the others: a read
+past `timeout` marks that GPU down (`flopwatch_gpu_up` 0, a `timeout` read error) and the GPU is
+skipped until the stuck call returns; a lost GPU is retried with exponential backoff.
+
+Sample output (one GPU, abridged):
+
+    flopwatch_gpu_up{node="n1",gpu="0"} 1.0
+    flopwatch_gpu_sm_clock_hertz{node="n1",gpu="0"} 1.98e+09
+    flopwatch_gpu_clock_event_active{node="n1",gpu="0",reason="sw_thermal"} 0.0
+    flopwatch_gpu_nvlink_bytes_total{node="n1",gpu="0",link="3",direction="tx"} 4.2e+12
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+
+from prometheus_client.core import Metric as Family
+
+from flopwatch.catalog import gpu as m
+from flopwatch.config import GpuOptions
+from flopwatch.exporters.gpu.backend import GpuBackend
+from flopwatch.exporters.gpu.reading import GpuReadError, GpuReading
+from flopwatch.hardware import match_device_name, model_by_name
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 5.0
+BACKOFF_MAX_S = 300.0
+
+
+@dataclass
+class _GpuState:
+    index: int
+    up: bool = False
+    reading: GpuReading | None = None
+    last_known: GpuReading | None = None     # for the info series while the GPU is down
+    errors: dict[str, int] = field(default_factory=dict)
+    pending: Future | None = None
+    lost: bool = False
+    backoff_s: float = BACKOFF_START_S
+    retry_at: float = 0.0
+    warned_unknown_model: bool = False
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    states: tuple[tuple[int, bool, GpuReading | None, GpuReading | None, dict[str, int]], ...]
+    xids: dict[tuple[int, int], int]
+    peaks: dict[int, dict[str, float]]
+
+
+class GpuCollector:
+    """prometheus_client custom collector: `update()` reads hardware, `collect()` only renders."""
+
+    name = "gpu"
+
+    def __init__(self, backend: GpuBackend, node: str, options: GpuOptions, count: int) -> None:
+        self.backend = backend
+        self.node = node
+        self.options = options
+        self.states = [_GpuState(i) for i in range(count)]
+        self.peaks: dict[int, dict[str, float]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="gpu-read")
+        self._snapshot = _Snapshot((), {}, {})
+
+    # -- collection (agent clock) --------------------------------------------------------------
+    def update(self) -> int:
+        """Read all GPUs once; return how many errors were met."""
+        now = time.monotonic()
+        submitted: dict[int, Future] = {}
+        for state in self.states:
+            if state.pending is not None and not state.pending.done():
+                continue  # still stuck in a previous call: already reported as timed out
+            state.pending = None
+            if state.lost and now < state.retry_at:
+                continue
+            submitted[state.index] = self._pool.submit(self._read_one, state.index, state.lost)
+            state.pending = submitted[state.index]
+        if submitted:
+            wait_futures(list(submitted.values()), timeout=self.options.timeout)
+        errors = 0
+        for state in self.states:
+            future = submitted.get(state.index)
+            if future is None:
+                if state.pending is not None or state.lost:
+                    state.up = False
+                continue
+            try:
+                reading = future.result(timeout=0)
+            except FutureTimeout:
+                errors += self._fail(state, "timeout", f"GPU {state.index}: read took longer than "
+                                     f"{self.options.timeout:g}s; skipping it until the call returns")
+                continue
+            except GpuReadError as error:
+                errors += self._fail(state, error.cause, str(error))
+                continue
+            except Exception as error:  # a backend bug must not take the other GPUs down
+                errors += self._fail(state, "unknown", f"GPU {state.index}: {error!r}")
+                continue
+            state.pending = None
+            if state.lost:
+                log.info("GPU %d is back", state.index)
+            state.up, state.lost, state.backoff_s = True, False, BACKOFF_START_S
+            state.reading = state.last_known = reading
+            self._remember_peak(state, reading)
+        self._snapshot = _Snapshot(
+            tuple((s.index, s.up, s.reading if s.up else None, s.last_known, dict(s.errors))
+                  for s in self.states),
+            self.backend.xid_counts(),
+            dict(self.peaks),
+        )
+        return errors
+
+    def _read_one(self, index: int, recovering: bool) -> GpuReading:
+        if recovering:
+            self.backend.recover(index)
+        return self.backend.read(index)
+
+    def _fail(self, state: _GpuState, cause: str, message: str) -> int:
+        state.errors[cause] = state.errors.get(cause, 0) + 1
+        if state.up or not state.lost:
+            log.warning("%s", message)
+        state.up = False
+        state.reading = None
+        if cause in {"gpu_lost", "driver"}:
+            state.lost = True
+            state.retry_at = time.monotonic() + state.backoff_s
+            state.backoff_s = min(BACKOFF_MAX_S, state.backoff_s * 2)
+        return 1
+
+    def _remember_peak(self, state: _GpuState, reading: GpuReading) -> None:
+        if state.index in self.peaks:
+            return
+        model = model_by_name(reading.model) or match_device_name(reading.model)
+        if model is not None:
+            self.peaks[state.index] = dict(model.peak_dense_flops)
+            return
+        if self.options.peak_flops is not None:
+            self.peaks[state.index] = {self.options.dtype: self.options.peak_flops}
+        if not state.warned_unknown_model:
+            state.warned_unknown_model = True
+            hint = ("using gpu.peak_flops from config" if self.options.peak_flops is not None
+                    else "set gpu.peak_flops (dense FLOP/s) in the config to get MFU for it")
+            log.warning("GPU %d: unknown model %r; %s", state.index, reading.model, hint)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- rendering (no hardware access) --------------------------------------------------------
+    def collect(self) -> Iterator[Family]:
+        snap = self._snapshot
+        node = self.node
+        fams = {metric: metric.family() for metric in (
+            m.UP, m.INFO, m.READ_ERRORS, m.PEAK_FLOPS, m.UTILIZATION, m.MEMORY_UTILIZATION, m.SM_CLOCK,
+            m.SM_CLOCK_MAX, m.MEMORY_CLOCK, m.POWER, m.POWER_LIMIT, m.ENERGY, m.TEMPERATURE,
+            m.MEMORY_TEMPERATURE, m.MEMORY_USED, m.MEMORY_TOTAL, m.CLOCK_EVENT_ACTIVE,
+            m.CLOCK_EVENT_VIOLATION, m.PCIE_GENERATION, m.PCIE_WIDTH, m.PCIE_MAX_GENERATION,
+            m.PCIE_MAX_WIDTH, m.PCIE_REPLAYS, m.PCIE_BYTES, m.NVLINK_BYTES, m.NVLINK_ERRORS,
+            m.ECC_CORRECTED, m.ECC_UNCORRECTED, m.REMAPPED_ROWS, m.ROW_REMAP_PENDING, m.ROW_REMAP_FAILED,
+            m.XID_ERRORS, m.SM_ACTIVE, m.SM_OCCUPANCY, m.TENSOR_ACTIVE, m.DRAM_ACTIVE, m.PROCESSES,
+        )}
+
+        def put(metric: m.Metric, labels: list[str], value: float | bool | None) -> None:
+            if value is not None:
+                fams[metric].add_metric([node, *labels], float(value))
+
+        for index, up, reading, last_known, errors in snap.states:
+            gpu = str(index)
+            put(m.UP, [gpu], up)
+            if last_known is not None:
+                put(m.INFO, [gpu, last_known.uuid, last_known.model, last_known.driver_version], 1)
+            for cause, count in sorted(errors.items()):
+                put(m.READ_ERRORS, [gpu, cause], count)
+            for dtype, flops in sorted(snap.peaks.get(index, {}).items()):
+                put(m.PEAK_FLOPS, [gpu, dtype], flops)
+            if reading is not None:
+                self._put_reading(put, gpu, reading)
+        for (index, xid), count in sorted(snap.xids.items()):
+            put(m.XID_ERRORS, [str(index), str(xid)], count)
+        yield from (family for family in fams.values() if family.samples)
+
+    @staticmethod
+    def _put_reading(put: Callable[[m.Metric, list[str], float | bool | None], None], gpu: str,
+                     r: GpuReading) -> None:
+        for metric, value in (
+            (m.UTILIZATION, r.utilization), (m.MEMORY_UTILIZATION, r.memory_utilization),
+            (m.SM_CLOCK, r.sm_clock_hz), (m.SM_CLOCK_MAX, r.sm_clock_max_hz),
+            (m.MEMORY_CLOCK, r.memory_clock_hz), (m.POWER, r.power_watts),
+            (m.POWER_LIMIT, r.power_limit_watts), (m.ENERGY, r.energy_joules),
+            (m.TEMPERATURE, r.temperature_c), (m.MEMORY_TEMPERATURE, r.memory_temperature_c),
+            (m.MEMORY_USED, r.memory_used_bytes), (m.MEMORY_TOTAL, r.memory_total_bytes),
+            (m.PCIE_GENERATION, r.pcie_generation), (m.PCIE_WIDTH, r.pcie_width),
+            (m.PCIE_MAX_GENERATION, r.pcie_max_generation), (m.PCIE_MAX_WIDTH, r.pcie_max_width),
+            (m.PCIE_REPLAYS, r.pcie_replays), (m.ECC_CORRECTED, r.ecc_corrected),
+            (m.ECC_UNCORRECTED, r.ecc_uncorrected), (m.ROW_REMAP_PENDING, r.row_remap_pending),
+            (m.ROW_REMAP_FAILED, r.row_remap_failed), (m.SM_ACTIVE, r.sm_active),
+            (m.SM_OCCUPANCY, r.sm_occupancy), (m.TENSOR_ACTIVE, r.tensor_active),
+            (m.DRAM_ACTIVE, r.dram_active),
+            (m.PROCESSES, None if r.pids is None else len(r.pids)),
+        ):
+            put(metric, [gpu], value)
+        for reason, active in sorted((r.clock_events or {}).items()):
+            put(m.CLOCK_EVENT_ACTIVE, [gpu, reason], active)
+        for reason, seconds in sorted((r.violation_seconds or {}).items()):
+            put(m.CLOCK_EVENT_VIOLATION, [gpu, reason], seconds)
+        put(m.PCIE_BYTES, [gpu, "tx"], r.pcie_tx_bytes)
+        put(m.PCIE_BYTES, [gpu, "rx"], r.pcie_rx_bytes)
+        put(m.REMAPPED_ROWS, [gpu, "correctable"], r.remapped_rows_correctable)
+        put(m.REMAPPED_ROWS, [gpu, "uncorrectable"], r.remapped_rows_uncorrectable)
+        for link in r.nvlinks:
+            put(m.NVLINK_BYTES, [gpu, link.link, "tx"], link.tx_bytes)
+            put(m.NVLINK_BYTES, [gpu, link.link, "rx"], link.rx_bytes)
+            for error, count in sorted(link.errors.items()):
+                put(m.NVLINK_ERRORS, [gpu, link.link, error], count)

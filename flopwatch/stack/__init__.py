@@ -1,0 +1,21 @@
+"""Real servers from Debian's packages, started on free loopback ports in temporary directories.
+
+The demo and every integration test start servers only through this package, so readiness
+checks, logs and cleanup live in one place: each server runs in its own process group, is stopped
+on context exit, on Ctrl-C and at interpreter exit, and leaves no process behind.
+"""
+
+from flopwatch.stack.process import MissingBinary, ServerError, ServerProcess, free_port, stop_all
+from flopwatch.stack.servers import Alertmanager, NodeExporter, Prometheus, VictoriaMetrics
+
+__all__ = [
+    "Alertmanager",
+    "MissingBinary",
+    "NodeExporter",
+    "Prometheus",
+    "ServerError",
+    "ServerProcess",
+    "VictoriaMetrics",
+    "free_port",
+    "stop_all",
+]

@@ -1,0 +1,171 @@
+"""Starting, waiting for and stopping one server process, with nothing left behind."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+log = logging.getLogger(__name__)
+
+_LIVE: set[ServerProcess] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class ServerError(RuntimeError):
+    """A server failed to start or become ready; the message includes the tail of its log."""
+
+
+class MissingBinary(ServerError):
+    """The server's binary is not installed; the message names the Debian package."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on `host` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def require_binary(binary: str, package: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise MissingBinary(
+            f"{binary} not found: install the Debian package '{package}' "
+            f"(apt-get install {package}, or run `make test`/`make demo`, which install it)"
+        )
+    return path
+
+
+class ServerProcess:
+    """A server on 127.0.0.1:`port` with its own temporary directory and log file."""
+
+    binary = ""
+    package = ""
+    ready_path = "/"
+
+    def __init__(self, port: int | None = None, workdir: Path | None = None) -> None:
+        self.host = "127.0.0.1"
+        self.port = port or free_port()
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"flopwatch-{self.binary}-"))
+        self.log_path = self.workdir / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def args(self) -> list[str]:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Write config files into workdir before the process starts."""
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> Self:
+        path = require_binary(self.binary, self.package)
+        self.prepare()
+        with open(self.log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(
+                [path, *self.args()], cwd=self.workdir, stdout=log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.debug("%s ready at %s", self.binary, self.url)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerError(f"{self.binary} exited with code {self.proc.returncode} while "
+                                  f"starting:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"{self.binary} not ready at {self.url}{self.ready_path} after {timeout:g}s:\n"
+                          f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after `timeout`; remove our temporary directory."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if self._own_dir and os.environ.get("FLOPWATCH_KEEP_STACK_DIRS") != "1":
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL), keeping the data directory: for outage tests."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self, timeout: float = 30.0) -> Self:
+        """Start again on the same port and directory (after stop(keep)/kill)."""
+        if self.running():
+            self.kill()
+        own, self._own_dir = self._own_dir, False
+        try:
+            return self.start(timeout)
+        finally:
+            self._own_dir = own
+
+    def __enter__(self) -> Self:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_all() -> None:
+    """Stop every server this process started (atexit, signal handlers, test teardown)."""
+    with _LIVE_LOCK:
+        servers = list(_LIVE)
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+atexit.register(stop_all)

@@ -1,0 +1,146 @@
+"""The servers FlopWatch runs for its demo and tests, each configured for fast loopback use."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flopwatch.stack.process import ServerProcess
+
+
+def scrape_job(name: str, targets: Sequence[str], metrics_path: str = "/metrics",
+               interval: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A static scrape config for `targets` ("host:port")."""
+    job: dict[str, Any] = {"job_name": name, "metrics_path": metrics_path,
+                           "static_configs": [{"targets": list(targets)}]}
+    if interval:
+        job["scrape_interval"] = interval
+    job.update(extra)
+    return job
+
+
+class Prometheus(ServerProcess):
+    """prometheus (Debian package `prometheus`), with optional rules and Alertmanager."""
+
+    binary = "prometheus"
+    package = "prometheus"
+    ready_path = "/-/ready"
+
+    def __init__(self, scrape_configs: Sequence[dict[str, Any]] = (), *,
+                 rule_files: Sequence[str | Path] = (), alertmanagers: Sequence[str] = (),
+                 scrape_interval: str = "1s", evaluation_interval: str = "1s",
+                 external_labels: dict[str, str] | None = None,
+                 remote_write: Sequence[dict[str, Any]] = (), extra_args: Sequence[str] = (),
+                 remote_write_receiver: bool = False, out_of_order_window: str | None = None,
+                 port: int | None = None, workdir: Path | None = None) -> None:
+        super().__init__(port, workdir)
+        self.config: dict[str, Any] = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval,
+                       "scrape_timeout": scrape_interval},
+            "scrape_configs": list(scrape_configs),
+        }
+        if external_labels:
+            self.config["global"]["external_labels"] = external_labels
+        if rule_files:
+            self.config["rule_files"] = [str(Path(path).resolve()) for path in rule_files]
+        if alertmanagers:
+            self.config["alerting"] = {"alertmanagers": [{"static_configs": [
+                {"targets": [url.removeprefix("http://") for url in alertmanagers]}]}]}
+        if remote_write:
+            self.config["remote_write"] = list(remote_write)
+        if out_of_order_window:
+            self.config["storage"] = {"tsdb": {"out_of_order_time_window": out_of_order_window}}
+        self.extra_args = list(extra_args)
+        if alertmanagers:
+            self.extra_args.append("--rules.alert.resend-delay=1s")
+        if remote_write_receiver:
+            self.extra_args.append("--web.enable-remote-write-receiver")
+        if remote_write:
+            self.extra_args.append("--storage.remote.flush-deadline=2s")
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "prometheus.yml"
+
+    def prepare(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+
+    def args(self) -> list[str]:
+        return [
+            f"--config.file={self.config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address={self.host}:{self.port}", "--web.enable-lifecycle",
+            "--log.level=warn", *self.extra_args,
+        ]
+
+    def reload(self) -> None:
+        """Re-read the config (after editing `config` in place) through the lifecycle API."""
+        self.prepare()
+        request = urllib.request.Request(self.url + "/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+
+class Alertmanager(ServerProcess):
+    """prometheus-alertmanager (Debian package `prometheus-alertmanager`), gossip disabled."""
+
+    binary = "prometheus-alertmanager"
+    package = "prometheus-alertmanager"
+    ready_path = "/-/ready"
+
+    def __init__(self, config: dict[str, Any] | str, *, port: int | None = None,
+                 workdir: Path | None = None) -> None:
+        super().__init__(port, workdir)
+        self.config_text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "alertmanager.yml"
+
+    def prepare(self) -> None:
+        self.config_path.write_text(self.config_text)
+
+    def args(self) -> list[str]:
+        return [
+            f"--config.file={self.config_path}", f"--storage.path={self.workdir / 'data'}",
+            f"--web.listen-address={self.host}:{self.port}", "--cluster.listen-address=",
+            "--log.level=warn",
+        ]
+
+
+class VictoriaMetrics(ServerProcess):
+    """victoria-metrics single node (Debian package `victoria-metrics`)."""
+
+    binary = "victoria-metrics"
+    package = "victoria-metrics"
+    ready_path = "/health"
+
+    def __init__(self, *, extra_args: Sequence[str] = (), port: int | None = None,
+                 workdir: Path | None = None) -> None:
+        super().__init__(port, workdir)
+        self.extra_args = list(extra_args)
+
+    def args(self) -> list[str]:
+        return [
+            f"-httpListenAddr={self.host}:{self.port}", f"-storageDataPath={self.workdir / 'data'}",
+            "-retentionPeriod=100y", "-search.latencyOffset=0s", "-loggerLevel=WARN", *self.extra_args,
+        ]
+
+
+class NodeExporter(ServerProcess):
+    """prometheus-node-exporter (Debian package `prometheus-node-exporter`)."""
+
+    binary = "prometheus-node-exporter"
+    package = "prometheus-node-exporter"
+    ready_path = "/metrics"
+
+    def __init__(self, *, extra_args: Sequence[str] = (), port: int | None = None,
+                 workdir: Path | None = None) -> None:
+        super().__init__(port, workdir)
+        self.extra_args = list(extra_args)
+
+    def args(self) -> list[str]:
+        return [f"--web.listen-address={self.host}:{self.port}", "--log.level=warn", *self.extra_args]
