@@ -168,7 +168,10 @@ class AgentConfig:
         flat: dict[str, Any] = {}
         for key in FIELDS:
             section, _, name = key.partition(".")
-            if not name:
+            if key == "listen":
+                host, port = self.listen
+                flat[key] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            elif not name:
                 flat[key] = getattr(self, key)
             elif section == "collectors":
                 flat[key] = self.collectors[name]

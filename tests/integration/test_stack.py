@@ -1,0 +1,102 @@
+"""flopwatch.stack starts real servers from Debian's packages and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from flopwatch.promql import PromClient, PromError
+from flopwatch.stack import Alertmanager, MissingBinary, NodeExporter, Prometheus, VictoriaMetrics, free_port
+from flopwatch.stack.process import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); look at its state
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("server_class", [Prometheus, VictoriaMetrics, NodeExporter])
+def test_servers_start_ready_and_stop_cleanly(server_class):
+    server = server_class()
+    with server:
+        pid = server.proc.pid
+        assert server.running()
+        workdir = server.workdir
+    assert not alive(pid)
+    assert not workdir.exists()
+
+
+def test_alertmanager_starts_with_a_config():
+    config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
+    with Alertmanager(config) as am:
+        assert am.running()
+
+
+def test_prometheus_answers_queries_and_scrapes_itself():
+    with Prometheus([{"job_name": "self", "static_configs": [{"targets": ["127.0.0.1:1"]}]}]) as prom:
+        client = PromClient(prom.url)
+        assert client.scalar("1 + 1") == 2
+        with pytest.raises(PromError, match="parse error"):
+            client.query("sum(")
+
+
+def test_unreachable_prometheus_is_one_clear_error():
+    with pytest.raises(PromError, match=r"cannot reach Prometheus at http://127\.0\.0\.1:"):
+        PromClient(f"http://127.0.0.1:{free_port()}", timeout=2).query("up")
+
+
+def test_missing_binary_names_the_debian_package():
+    class Nothing(ServerProcess):
+        binary = "flopwatch-no-such-server"
+        package = "flopwatch-no-such-package"
+
+    with pytest.raises(MissingBinary, match="install the Debian package 'flopwatch-no-such-package'"):
+        Nothing().start()
+
+
+def test_server_that_exits_early_reports_its_log():
+    broken = Prometheus(extra_args=["--no-such-flag"])
+    with pytest.raises(Exception, match="exited with code"):
+        broken.start(timeout=10)
+    assert not broken.running()
+
+
+def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path):
+    """A program using the stack is interrupted: its atexit/cleanup stops the servers."""
+    pid_file = tmp_path / "pid"
+    script = textwrap.dedent(f"""
+        import time
+        from flopwatch.stack import Prometheus
+        prom = Prometheus().start()
+        open({str(pid_file)!r}, "w").write(str(prom.proc.pid))
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "child never started Prometheus"
+        time.sleep(0.1)
+    server_pid = int(pid_file.read_text())
+    assert alive(server_pid)
+    child.send_signal(signal.SIGINT)
+    child.wait(20)
+    deadline = time.monotonic() + 10
+    while alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(server_pid)
