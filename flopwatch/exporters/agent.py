@@ -14,11 +14,12 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric as Family
 
 from flopwatch import __version__
 from flopwatch.catalog import agent as m
+from flopwatch.exporters.exposition import ExpositionRenderer
 from flopwatch.exporters.http import METRICS_CONTENT_TYPE, HttpServer, Response
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class Agent:
         for collector in self.collectors:
             self.registry.register(_Registered(collector))
         self.registry.register(_SelfMetrics(self))
+        self.renderer = ExpositionRenderer()
         self._exposition = b""
         self.cycles = 0
 
@@ -80,7 +82,7 @@ class Agent:
             self.errors[collector.name] += failures
             if not failures:
                 self.last_success[collector.name] = time.time()
-        self._exposition = generate_latest(self.registry)
+        self._exposition = self.renderer.render(self.registry.collect())
         self.cycles += 1
 
     def exposition(self) -> bytes:

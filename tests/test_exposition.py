@@ -1,0 +1,75 @@
+"""The fast renderer says exactly what prometheus_client.generate_latest says."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+
+from flopwatch.commands.agent import build_agent
+from flopwatch.exporters.exposition import ExpositionRenderer
+
+
+def parsed(exposition: bytes) -> list:
+    return [
+        (family.name, family.type, family.documentation,
+         sorted((s.name, tuple(sorted(s.labels.items())), s.value) for s in family.samples))
+        for family in text_string_to_metric_families(exposition.decode())
+    ]
+
+
+class Fixed:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def odd_families():
+    gauge = GaugeMetricFamily("flopwatch_t_odd", 'help with \\ backslash\nand "newline"', labels=["a", "b"])
+    gauge.add_metric(['quote " here', "back\\slash\nnewline"], 1.5)
+    gauge.add_metric(["inf", ""], math.inf)
+    gauge.add_metric(["-inf", ""], -math.inf)
+    gauge.add_metric(["int", ""], 3)
+    gauge.add_metric(["big", ""], 1.2345e300)
+    counter = CounterMetricFamily("flopwatch_t_events", "events", labels=["k"])
+    counter.add_metric(["x"], 7)
+    hist = HistogramMetricFamily("flopwatch_t_step_seconds", "steps", labels=["job_id"])
+    hist.add_metric(["j1"], [("0.5", 1), ("1.0", 3), ("+Inf", 4)], 2.5)
+    return [gauge, counter, hist]
+
+
+def test_matches_generate_latest_on_edge_cases():
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed(odd_families()))
+    renderer = ExpositionRenderer()
+    assert parsed(renderer.render(registry.collect())) == parsed(generate_latest(registry))
+    # second render comes from the prefix cache and must be the same
+    assert parsed(renderer.render(registry.collect())) == parsed(generate_latest(registry))
+
+
+def test_nan_renders_as_nan():
+    gauge = GaugeMetricFamily("flopwatch_t_nan", "nan", labels=[])
+    gauge.add_metric([], math.nan)
+    text = ExpositionRenderer().render([gauge]).decode()
+    assert "flopwatch_t_nan NaN\n" in text
+
+
+def test_matches_generate_latest_for_the_agent(sim_config):
+    agent = build_agent(sim_config)
+    agent.collect_once()
+    assert parsed(agent.exposition()) == parsed(generate_latest(agent.registry))
+    agent.close()
+
+
+def test_cache_holds_only_the_last_render():
+    renderer = ExpositionRenderer()
+    for round_ in range(50):
+        gauge = GaugeMetricFamily("flopwatch_t_churn", "churn", labels=["rank"])
+        for rank in range(100):
+            gauge.add_metric([f"{round_}-{rank}"], rank)
+        renderer.render([gauge])
+    assert len(renderer._prefixes) == 100
