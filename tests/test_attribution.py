@@ -1,0 +1,184 @@
+"""Job attribution from a Slurm mapping directory and from process environments.
+
+No GPU here: the PIDs on each GPU come through the collector's seam (a callable returning
+GpuProcesses), exactly where build_agent plugs in the GPU collector's readings. Process
+environments are read from fake /proc trees in a temporary directory, and once from the real
+/proc of a child process started with Slurm variables.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flopwatch.exporters.attribution import AttributionCollector, GpuProcesses, JobClaim
+
+
+def registry_of(collector: AttributionCollector) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry
+
+
+def info_series(collector: AttributionCollector) -> set[tuple[str, str, str]]:
+    return {(s.labels["gpu"], s.labels["job_id"], s.labels["user"])
+            for family in collector.collect() if family.name == "flopwatch_gpu_job_info"
+            for s in family.samples if s.value == 1}
+
+
+def skipped(collector: AttributionCollector, source: str, reason: str) -> float | None:
+    return registry_of(collector).get_sample_value(
+        "flopwatch_job_attribution_skipped_total", {"node": "n1", "source": source, "reason": reason})
+
+
+def no_gpus() -> list[GpuProcesses]:
+    return []
+
+
+@pytest.fixture
+def mapping(tmp_path: Path) -> Path:
+    """A mapping directory as deploy/slurm/prolog.sh leaves it for two jobs sharing GPU 2."""
+    root = tmp_path / "gpu-jobs"
+    (root / "users").mkdir(parents=True)
+    (root / "0").write_text("81723\n")
+    (root / "1").write_text("81723\n")
+    (root / "2").write_text("81723\n81799\n")
+    (root / "users" / "81723").write_text("alice\n")
+    (root / "users" / "81799").write_text("bob\n")
+    return root
+
+
+def fake_process(procfs: Path, pid: int, env: dict[str, str], uid: int = 0) -> None:
+    base = procfs / str(pid)
+    base.mkdir(parents=True)
+    (base / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+    (base / "status").write_text(f"Name:\tpython\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+
+
+def test_mapping_directory_with_shared_gpu(mapping):
+    collector = AttributionCollector("n1", no_gpus, mapping_dir=str(mapping), procfs_root=None)
+    assert collector.update() == 0
+    assert info_series(collector) == {("0", "81723", "alice"), ("1", "81723", "alice"),
+                                      ("2", "81723", "alice"), ("2", "81799", "bob")}
+
+
+def test_job_ending_removes_its_series(mapping):
+    collector = AttributionCollector("n1", no_gpus, mapping_dir=str(mapping), procfs_root=None)
+    collector.update()
+    (mapping / "2").write_text("81723\n")  # what the epilog of 81799 leaves
+    (mapping / "users" / "81799").unlink()
+    collector.update()
+    assert ("2", "81799", "bob") not in info_series(collector)
+    for gpu in ("0", "1", "2"):
+        (mapping / gpu).unlink()  # 81723 ends too
+    collector.update()
+    assert info_series(collector) == set()
+    assert list(collector.collect()) == []  # no empty families either
+
+
+def test_mapping_directory_ignores_what_dcgm_exporter_ignores_and_counts_bad_input(mapping):
+    (mapping / ".3.tmp").write_text("99999\n")       # the prolog's half-written file
+    (mapping / "README").write_text("not a GPU\n")   # a stray file
+    (mapping / "4").write_text("\n  \nbad job id\n5005\n")
+    collector = AttributionCollector("n1", no_gpus, mapping_dir=str(mapping), procfs_root=None)
+    assert collector.update() == 0
+    jobs = info_series(collector)
+    assert ("4", "5005", "") in jobs
+    assert not any(job == "99999" for _, job, _ in jobs)
+    assert skipped(collector, "mapping_dir", "bad_name") == 1
+    assert skipped(collector, "mapping_dir", "bad_job_id") == 1
+
+
+def test_missing_mapping_directory_is_no_slurm_not_an_error(tmp_path):
+    collector = AttributionCollector("n1", no_gpus, mapping_dir=str(tmp_path / "absent"), procfs_root=None)
+    assert collector.update() == 0
+    assert info_series(collector) == set()
+
+
+def test_unreadable_mapping_directory_counts_an_error(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    collector = AttributionCollector("n1", no_gpus, mapping_dir=str(not_a_dir), procfs_root=None)
+    assert collector.update() == 1
+    assert skipped(collector, "mapping_dir", "unreadable") == 1
+
+
+def test_process_environment(tmp_path):
+    procfs = tmp_path / "proc"
+    fake_process(procfs, 100, {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "carol", "PATH": "/bin"})
+    fake_process(procfs, 101, {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "carol"})
+    fake_process(procfs, 200, {"TORCHELASTIC_RUN_ID": "llm-run-7"}, uid=0)
+    fake_process(procfs, 300, {"TORCHELASTIC_RUN_ID": "none", "HOME": "/root"})
+    gpus = [GpuProcesses(0, "GPU-a", (100, 101)), GpuProcesses(1, "GPU-b", (200,)),
+            GpuProcesses(2, "GPU-c", (300, 999)),  # 999 ended before we looked
+            GpuProcesses(3, "GPU-d", None)]          # backend cannot list PIDs
+    collector = AttributionCollector("n1", lambda: gpus, procfs_root=str(procfs))
+    assert collector.update() == 0
+    assert info_series(collector) == {("0", "4242", "carol"), ("1", "llm-run-7", pwd.getpwuid(0).pw_name)}
+    assert skipped(collector, "process_env", "no_job_variable") == 1
+
+
+def test_flopwatch_job_id_wins_over_slurm(tmp_path):
+    procfs = tmp_path / "proc"
+    fake_process(procfs, 7, {"SLURM_JOB_ID": "1", "FLOPWATCH_JOB_ID": "llm-70b", "SLURM_JOB_USER": "dan"})
+    collector = AttributionCollector("n1", lambda: [GpuProcesses(0, None, (7,))], procfs_root=str(procfs))
+    collector.update()
+    assert collector.claims() == {0: [JobClaim("llm-70b", "dan")]}
+
+
+def test_real_process_environment_from_proc():
+    """A real child process with Slurm variables, read through the real /proc."""
+    env = {**os.environ, "SLURM_JOB_ID": "777001", "SLURM_JOB_USER": "erin"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        collector = AttributionCollector("n1", lambda: [GpuProcesses(5, None, (child.pid,))])
+        assert collector.update() == 0
+        assert info_series(collector) == {("5", "777001", "erin")}
+    finally:
+        child.kill()
+        child.wait()
+    collector.update()
+    assert info_series(collector) == set()  # the process is gone: so is the claim
+
+
+def test_mapping_directory_wins_over_process_environment_per_gpu(mapping, tmp_path):
+    procfs = tmp_path / "proc"
+    fake_process(procfs, 10, {"SLURM_JOB_ID": "stale"})
+    fake_process(procfs, 11, {"SLURM_JOB_ID": "90001", "SLURM_JOB_USER": "fay"})
+    gpus = [GpuProcesses(0, None, (10,)), GpuProcesses(5, None, (11,))]
+    collector = AttributionCollector("n1", lambda: gpus, mapping_dir=str(mapping), procfs_root=str(procfs))
+    collector.update()
+    claims = collector.claims()
+    assert claims[0] == [JobClaim("81723", "alice")]
+    assert claims[5] == [JobClaim("90001", "fay")]
+
+
+def test_nic_rails_follow_their_gpus(mapping):
+    rails = {0: ("mlx5_0", "1"), 2: ("mlx5_1", "1")}
+    collector = AttributionCollector("n1", no_gpus, mapping_dir=str(mapping), procfs_root=None, nic_rails=rails)
+    collector.update()
+    registry = registry_of(collector)
+
+    def nic(device: str, job: str, user: str) -> float | None:
+        return registry.get_sample_value("flopwatch_nic_job_info", {
+            "node": "n1", "device": device, "port": "1", "job_id": job, "user": user})
+
+    assert nic("mlx5_0", "81723", "alice") == 1
+    assert nic("mlx5_1", "81723", "alice") == 1
+    assert nic("mlx5_1", "81799", "bob") == 1
+    assert nic("mlx5_0", "81799", "bob") is None
+
+
+def test_seam_failure_counts_an_error_and_the_mapping_still_works(mapping):
+    def broken() -> list[GpuProcesses]:
+        raise RuntimeError("GPU collector not started")
+
+    collector = AttributionCollector("n1", broken, mapping_dir=str(mapping))
+    assert collector.update() == 1
+    assert ("0", "81723", "alice") in info_series(collector)
