@@ -24,6 +24,7 @@ def make_backend(config: AgentConfig) -> tuple[GpuBackend, int]:
             config.sim.gpus, model, config.sim.seed, config.gpu.nvlink_per_link
         )
         return backend, backend.start()
+    dcgm_skipped = ""
     if choice in ("dcgm", "auto"):
         from flopwatch.exporters.gpu.dcgm import DcgmBackend
 
@@ -32,12 +33,15 @@ def make_backend(config: AgentConfig) -> tuple[GpuBackend, int]:
             return backend, backend.start()
         except BackendUnavailable as error:
             if choice == "dcgm":
-                raise
-            log.info("DCGM not used: %s; trying NVML", error)
+                raise BackendUnavailable(f"{error}. Without DCGM, run with --backend nvml") from None
+            dcgm_skipped = str(error)  # logged only if NVML works: a failure prints one line, not two
     from flopwatch.exporters.gpu.nvml import NvmlBackend
 
     backend = NvmlBackend(config.gpu)
     try:
-        return backend, backend.start()
+        count = backend.start()
     except BackendUnavailable as error:
         raise BackendUnavailable(f"{error}. To try FlopWatch without GPUs, run with --backend sim") from None
+    if dcgm_skipped:
+        log.info("DCGM not used (%s); reading GPUs through NVML", dcgm_skipped)
+    return backend, count
