@@ -56,6 +56,19 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=demo.run)
 
 
+def _add_sim(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import sim
+
+    parser = sub.add_parser(
+        "sim", help="serve a simulated GPU fleet to Prometheus, or export its history",
+        description="Simulate a fleet from a scenario file (fleet, jobs, faults): every node is a scrape "
+        "target on loopback with a file_sd targets file; or, with --export-history, write a span of "
+        "history far faster than wall-clock for VictoriaMetrics to import.",
+    )
+    sim.add_arguments(parser)
+    parser.set_defaults(handler=sim.run)
+
+
 def _add_docs(sub: argparse._SubParsersAction) -> None:
     from flopwatch.commands import docs
 
@@ -65,7 +78,9 @@ def _add_docs(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=docs.run)
 
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_agent, _add_demo, _add_docs)
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_agent, _add_sim, _add_demo, _add_docs,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,24 +57,45 @@ class _Snapshot:
     peaks: dict[int, dict[str, float]]
 
 
+class _InlineExecutor:
+    """Runs submitted reads at once in the caller's thread (Executor's submit/shutdown subset)."""
+
+    def submit(self, fn: Callable[..., GpuReading], *args: object) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as error:
+            future.set_exception(error)
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
 class GpuCollector:
     """prometheus_client custom collector: `update()` reads hardware, `collect()` only renders."""
 
     name = "gpu"
 
-    def __init__(self, backend: GpuBackend, node: str, options: GpuOptions, count: int) -> None:
+    def __init__(self, backend: GpuBackend, node: str, options: GpuOptions, count: int,
+                 threaded: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        """`threaded=False` reads GPUs inline: only for backends that cannot hang (the simulator,
+        which runs thousands of these collectors and cannot afford a thread pool each). `clock`
+        drives the lost-GPU backoff (the simulator passes its simulated time)."""
+        self.clock = clock
         self.backend = backend
         self.node = node
         self.options = options
         self.states = [_GpuState(i) for i in range(count)]
         self.peaks: dict[int, dict[str, float]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="gpu-read")
+        self._pool = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="gpu-read") \
+            if threaded else _InlineExecutor()
         self._snapshot = _Snapshot((), {}, {})
 
     # -- collection (agent clock) --------------------------------------------------------------
     def update(self) -> int:
         """Read all GPUs once; return how many errors were met."""
-        now = time.monotonic()
+        now = self.clock()
         submitted: dict[int, Future] = {}
         for state in self.states:
             if state.pending is not None and not state.pending.done():
@@ -132,7 +153,7 @@ class GpuCollector:
         state.reading = None
         if cause in {"gpu_lost", "driver"}:
             state.lost = True
-            state.retry_at = time.monotonic() + state.backoff_s
+            state.retry_at = self.clock() + state.backoff_s
             state.backoff_s = min(BACKOFF_MAX_S, state.backoff_s * 2)
         return 1
 

@@ -1,0 +1,1 @@
+"""The fleet simulator: scenario files, synchronous-training physics, faults, serving and history."""

@@ -1,0 +1,345 @@
+"""The simulated fleet: nodes of SimulatedGpu and SimulatedNic objects, jobs stepping in sync,
+faults switching on and off, and the ground truth of it all, advanced in fixed ticks.
+
+Each tick: faults active at the tick's start set GPU/NIC impairments and per-rank slowdowns; every
+job runs the steps that finish within the tick (JobRunner); GPU and NIC workloads follow the last
+step's phases; GPUs and NICs advance; the truth records MFU, goodput and badput.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flopwatch.catalog import train as train_metrics
+from flopwatch.exporters.gpu.simulated import SimulatedGpu, Workload
+from flopwatch.sim.jobs import PHASES, JobRunner, StepResult
+from flopwatch.sim.nic import SimulatedNic
+from flopwatch.sim.scenario import FaultSpec, Scenario, parse_fault
+from flopwatch.sim.truth import JobTruth, Truth
+
+RESTART_DELAY_S = 60.0
+SERIES_EXPIRY_S = 300.0   # a finished job's step series linger this long, like the agent's intake
+#: Step-time histogram bounds: the intake's (catalogue) plus +Inf.
+STEP_BUCKETS = (*train_metrics.STEP_BUCKETS, math.inf)
+
+
+def node_name(index: int) -> str:
+    return f"node{index:04d}"
+
+
+@dataclass
+class RankCounters:
+    """What the training client reports per rank, accumulated as the agent's intake would."""
+
+    ranks: int
+    steps: np.ndarray = field(init=False)
+    tokens: np.ndarray = field(init=False)
+    model_flops: np.ndarray = field(init=False)
+    hardware_flops: np.ndarray = field(init=False)
+    phase_seconds: np.ndarray = field(init=False)        # [phase, rank]
+    checkpoint_seconds: np.ndarray = field(init=False)
+    last_step_time: np.ndarray = field(init=False)       # unix seconds
+    step_buckets: np.ndarray = field(init=False)         # cumulative count per bucket (job-wide)
+    step_sum: float = 0.0
+    step_count: int = 0
+
+    def __post_init__(self) -> None:
+        r = self.ranks
+        self.steps, self.tokens = np.zeros(r), np.zeros(r)
+        self.model_flops, self.hardware_flops = np.zeros(r), np.zeros(r)
+        self.phase_seconds = np.zeros((len(PHASES), r))
+        self.checkpoint_seconds = np.zeros(r)
+        self.last_step_time = np.zeros(r)
+        self.step_buckets = np.zeros(len(STEP_BUCKETS))
+
+    def observe_step(self, runner: JobRunner, step: StepResult, unix_end: float) -> None:
+        r = self.ranks
+        self.steps += 1
+        self.tokens += runner.spec.tokens_per_step / r
+        self.model_flops += runner.flops_per_step / r
+        self.hardware_flops += runner.hw_flops_per_step / r
+        for i, phase in enumerate(PHASES):
+            self.phase_seconds[i] += step.phases[phase]
+        self.last_step_time[:] = unix_end
+        self.step_buckets += np.array([step.wall <= bound for bound in STEP_BUCKETS])
+        self.step_sum += step.wall
+        self.step_count += 1
+
+
+@dataclass
+class SimNode:
+    index: int
+    name: str
+    gpus: list[SimulatedGpu]
+    nics: list[SimulatedNic]
+    job_id: str | None = None
+    host_cpu_busy: float = 0.05
+
+
+@dataclass
+class JobState:
+    runner: JobRunner
+    counters: RankCounters
+    truth: JobTruth
+    pending: StepResult | None = None
+    last_step: StepResult | None = None
+    finished_at: float | None = None   # sim time the job ended
+    restarted_faults: set[int] = field(default_factory=set)
+
+    def rank_of(self, node: int, gpu: int) -> int | None:
+        nodes = self.runner.spec.nodes
+        if node not in nodes:
+            return None
+        return nodes.index(node) * self.runner.fleet.gpus_per_node + gpu
+
+
+class Fleet:
+    """The whole simulated fleet. `advance(dt)` moves simulated time; `t` is seconds since start."""
+
+    def __init__(self, scenario: Scenario, start_unix: float = 0.0) -> None:
+        self.scenario = scenario
+        self.start_unix = start_unix
+        self.t = 0.0
+        self.rng = np.random.default_rng(scenario.seed)
+        fleet = scenario.fleet
+        self.nodes = [
+            SimNode(
+                i, node_name(i),
+                [SimulatedGpu(g, fleet.gpu_model, scenario.seed * 1_000_003 + i, node_name(i))
+                 for g in range(fleet.gpus_per_node)],
+                [SimulatedNic(n, np.random.default_rng([scenario.seed, i, n, 7]))
+                 for n in range(fleet.nics_per_node)],
+            )
+            for i in range(fleet.nodes)
+        ]
+        self.jobs: dict[str, JobState] = {}
+        self.truth = Truth(scenario.name, scenario.seed, scenario.scrape_interval)
+        peak = fleet.gpu_model.peak_dense_flops["bf16"]
+        for spec in scenario.jobs:
+            runner = JobRunner(spec, fleet, np.random.default_rng([scenario.seed, len(self.jobs), 11]))
+            truth = JobTruth(runner.ranks, peak, spec.target_mfu, runner.flops_per_step)
+            self.jobs[spec.id] = JobState(runner, RankCounters(runner.ranks), truth)
+            self.truth.jobs[spec.id] = truth
+        self._xid_fired: set[int] = set()
+        self._restored: set[int] = set()
+        for fault in scenario.faults:
+            self.truth.faults.append(self._fault_truth(fault))
+
+    # -- time ----------------------------------------------------------------------------------
+    @property
+    def now_unix(self) -> float:
+        return self.start_unix + self.t
+
+    def advance(self, dt: float) -> None:
+        t0, t1 = self.t, self.t + dt
+        self._apply_faults(t0)
+        for state in self.jobs.values():
+            self._run_job(state, t0, t1)
+        for node in self.nodes:
+            for gpu in node.gpus:
+                gpu.advance(dt)
+            for nic in node.nics:
+                nic.advance(dt)
+        busy_gpus = sum(1 for n in self.nodes if n.job_id for _ in n.gpus)
+        self.truth.gpu_hours += busy_gpus * dt / 3600
+        self.truth.energy_joules += sum(g.power_watts for n in self.nodes for g in n.gpus) * dt
+        self.t = t1
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def active_job(self, node: SimNode) -> JobState | None:
+        return self.jobs.get(node.job_id) if node.job_id else None
+
+    def _run_job(self, state: JobState, t0: float, t1: float) -> None:
+        runner, spec = state.runner, state.runner.spec
+        end = spec.end if spec.end is not None else math.inf
+        if t1 <= spec.start or t0 >= end:
+            if t0 >= end and state.finished_at is None:
+                state.finished_at = end
+                self._assign(state, None)
+            return
+        self._assign(state, spec.id)
+        begin, stop = max(t0, spec.start), min(t1, end)
+        truth = state.truth
+        truth.allocated_s += stop - begin
+        flops_done = 0.0
+        if runner.slow.stalled:
+            runner.clock = max(runner.clock, stop)
+            truth.add_badput("restart", stop - begin)
+            state.pending = None
+        else:
+            while True:
+                if state.pending is None and runner.clock >= runner.next_checkpoint:
+                    self._checkpoint(state)
+                    continue
+                if state.pending is None:
+                    state.pending = runner.step()
+                step = state.pending
+                if step.start + step.wall > stop:
+                    break
+                state.pending = None
+                state.last_step = step
+                state.counters.observe_step(runner, step, self.start_unix + step.start + step.wall)
+                truth.steps += 1
+                if step.lost:
+                    truth.lost_steps += 1
+                    truth.add_badput("restart", step.wall)
+                    continue
+                arrival = step.phases["data"] + step.phases["compute"] + step.phases["other"]
+                straggler = float(arrival.max() - np.median(arrival))
+                data = float(np.median(step.phases["data"]))
+                truth.add_badput("straggler", straggler)
+                truth.add_badput("data", data)
+                truth.productive_s += step.wall - straggler - data
+                flops_done += runner.flops_per_step
+                truth.model_flops += runner.flops_per_step
+        interval = stop - begin
+        mfu = flops_done / (interval * runner.ranks * truth.peak_flops) if interval > 0 else 0.0
+        productive_share = min(1.0, truth.productive_s / truth.allocated_s) if truth.allocated_s else 0.0
+        truth.series.append((t1, mfu, productive_share))
+        self._set_workloads(state)
+
+    def _checkpoint(self, state: JobState) -> None:
+        runner = state.runner
+        seconds = runner.spec.checkpoint_seconds
+        state.counters.checkpoint_seconds += seconds
+        runner.clock += seconds
+        runner.next_checkpoint += runner.spec.checkpoint_every
+        runner.steps_since_checkpoint = 0
+        state.truth.add_badput("checkpoint", seconds)
+
+    def _assign(self, state: JobState, job_id: str | None) -> None:
+        for index in state.runner.spec.nodes:
+            node = self.nodes[index]
+            if job_id is not None or node.job_id == state.runner.spec.id:
+                node.job_id = job_id
+                if job_id is None:
+                    for gpu in node.gpus:
+                        gpu.workload = Workload()
+                    for nic in node.nics:
+                        nic.bytes_per_s = 0.0
+                    node.host_cpu_busy = 0.05
+
+    def _set_workloads(self, state: JobState) -> None:
+        runner, step = state.runner, state.last_step
+        gpn = runner.fleet.gpus_per_node
+        stalled = runner.slow.stalled or step is None
+        peak = state.truth.peak_flops
+        for position, index in enumerate(runner.spec.nodes):
+            node = self.nodes[index]
+            for nic in node.nics:
+                nic.bytes_per_s = 0.0 if stalled else runner.nic_bytes_per_step() / step.wall / len(node.nics)
+            for g, gpu in enumerate(node.gpus):
+                rank = position * gpn + g
+                if stalled:
+                    gpu.workload = Workload(busy=0.0, memory_fraction=0.85, processes=1)
+                    continue
+                compute = float(step.phases["compute"][rank])
+                busy = min(1.0, (compute + runner.comm_exposed) / step.wall)
+                achieved = runner.flops_per_step / runner.ranks / step.wall / peak
+                gpu.workload = Workload(
+                    busy=busy, tensor=min(busy, achieved / max(gpu.speed(), 0.05)),
+                    nvlink_bytes_per_s=runner.nvlink_bytes_per_step() / step.wall,
+                    pcie_bytes_per_s=2e9, memory_fraction=0.85, processes=1,
+                )
+
+    # -- faults --------------------------------------------------------------------------------
+    def inject(self, kind: str, node: int, gpu: int | None = None, nic: int | None = None,
+               duration: float = 600.0, slowdown: float | None = None, xid: int | None = None) -> FaultSpec:
+        """Add a fault starting now (the demo's "inject a straggler"); validated like a file's."""
+        data = {"kind": kind, "node": node, "start": self.t, "duration": duration}
+        data.update({k: v for k, v in (("gpu", gpu), ("nic", nic), ("slowdown", slowdown), ("xid", xid))
+                     if v is not None})
+        fault = parse_fault(data, f"injected[{len(self.scenario.faults)}]", len(self.scenario.faults),
+                            self.scenario.fleet, self.t + duration + 1)
+        self.scenario.faults.append(fault)
+        self.truth.faults.append(self._fault_truth(fault))
+        return fault
+
+    def _apply_faults(self, t: float) -> None:
+        for node in self.nodes:
+            node.host_cpu_busy = 0.12 if node.job_id else 0.05
+            for gpu in node.gpus:
+                gpu.faults.__init__()
+            for nic in node.nics:
+                nic.faults.__init__()
+        for state in self.jobs.values():
+            state.runner.slow.reset()
+        for fault in self.scenario.faults:
+            self._apply(fault, t)
+        for state in self.jobs.values():
+            slow = state.runner.slow
+            for position, index in enumerate(state.runner.spec.nodes):
+                node = self.nodes[index]
+                for g, gpu in enumerate(node.gpus):
+                    rank = position * state.runner.fleet.gpus_per_node + g
+                    slow.speed[rank] *= gpu.speed()
+                    if gpu.lost:
+                        slow.stalled = True
+
+    def _apply(self, fault: FaultSpec, t: float) -> None:
+        node = self.nodes[fault.node]
+        state = self.active_job(node)
+        gpu = node.gpus[fault.gpu] if fault.gpu is not None else None
+        if fault.xid is not None and t >= fault.start and fault.index not in self._xid_fired:
+            self._xid_fired.add(fault.index)
+            assert gpu is not None
+            gpu.inject_xid(fault.xid)
+        if fault.xid == 79 and t >= fault.end and fault.index not in self._restored:
+            self._restored.add(fault.index)
+            assert gpu is not None
+            gpu.restore()
+            if state is not None:
+                runner = state.runner
+                runner.restart(fault.end + RESTART_DELAY_S, runner.steps_since_checkpoint)
+        if not fault.start <= t < fault.end:
+            return
+        kind, slowdown = fault.kind, fault.slowdown
+        step_extra = slowdown * state.runner.target_wall if state is not None else 0.0
+        if kind == "thermal_throttle":
+            gpu.faults.thermal = slowdown
+        elif kind == "power_cap":
+            gpu.faults.power_cap = slowdown
+        elif kind == "hw_slowdown":
+            gpu.faults.hw_slowdown = slowdown
+        elif kind == "pcie_downgrade":
+            gpu.faults.pcie_width = 4
+            gpu.faults.pcie_replays_per_s = 0.5
+            if state is not None:
+                state.runner.slow.speed[state.rank_of(fault.node, fault.gpu)] *= 1 - slowdown
+        elif kind == "nvlink_errors":
+            gpu.faults.nvlink_errors_per_s = 5.0
+            if state is not None:
+                state.runner.slow.comm_extra += step_extra
+        elif kind in ("slow_nic", "nic_link_flap"):
+            nic = node.nics[fault.nic]
+            if kind == "slow_nic":
+                nic.faults.slow = 0.5
+            else:
+                nic.faults.flapping = True
+            if state is not None:
+                state.runner.slow.comm_extra += step_extra
+        elif kind in ("host_cpu_contention", "gc_pause", "dataloader_stall") and state is not None:
+            position = state.runner.spec.nodes.index(fault.node)
+            gpn = state.runner.fleet.gpus_per_node
+            ranks = slice(position * gpn, (position + 1) * gpn)
+            if kind == "dataloader_stall":
+                state.runner.slow.data_extra[ranks] += step_extra
+            else:
+                state.runner.slow.other_extra[ranks] += step_extra
+            if kind == "host_cpu_contention":
+                node.host_cpu_busy = 0.97
+
+    def _fault_truth(self, fault: FaultSpec) -> dict[str, object]:
+        job = next((j for j in self.jobs.values() if fault.node in j.runner.spec.nodes
+                    and j.runner.spec.start <= fault.start < (j.runner.spec.end or math.inf)), None)
+        rank = job.rank_of(fault.node, fault.gpu) if job is not None and fault.gpu is not None else None
+        return {
+            "index": fault.index, "kind": fault.kind, "cause": fault.cause, "node": node_name(fault.node),
+            "node_index": fault.node, "gpu": fault.gpu, "nic": fault.nic,
+            "device": f"mlx5_{fault.nic}" if fault.nic is not None else None,
+            "job_id": job.runner.spec.id if job else None, "rank": rank,
+            "start": fault.start, "end": fault.end, "slowdown": fault.slowdown, "xid": fault.xid,
+        }

@@ -1,0 +1,159 @@
+"""One simulated node as Prometheus sees it: the agent's own GPU collector over the node's
+SimulatedGpu objects, plus training, NIC and attribution series built from the same catalogue
+specs the real collectors use, rendered by the agent's own Agent/renderer.
+
+Sample output (abridged):
+
+    flopwatch_gpu_sm_clock_hertz{node="node0003",gpu="5"} 1.8216e+09
+    flopwatch_train_phase_seconds_total{node="node0003",job_id="llm-8b",rank="29",gpu="5",phase="compute"} 1190.2
+    flopwatch_nic_data_bytes_total{node="node0003",device="mlx5_0",port="1",direction="tx"} 8.1e+12
+    flopwatch_gpu_job_info{node="node0003",gpu="5",job_id="llm-8b",user="ml-team"} 1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric as Family
+
+from flopwatch.catalog import job as job_metrics
+from flopwatch.catalog import nic as nic_metrics
+from flopwatch.catalog import train as train_metrics
+from flopwatch.config import GpuOptions
+from flopwatch.exporters.agent import Agent
+from flopwatch.exporters.gpu.collector import GpuCollector
+from flopwatch.exporters.gpu.simulated import SimBackend
+from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
+from flopwatch.sim.jobs import PHASES
+from flopwatch.sim.nic import PHYS_LINK_UP, PORT_ACTIVE
+
+PORT_STATE_WORDS = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYS_STATE_WORDS = {2: "Polling", 3: "Disabled", 5: "LinkUp", 6: "LinkErrorRecovery"}
+NIC_ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "port_xmit_discards")
+
+
+class _NodeCollector:
+    """Base for the simulator's per-node collectors: state lives in the Fleet, update is free."""
+
+    name = "sim"
+
+    def __init__(self, fleet: Fleet, node: SimNode) -> None:
+        self.fleet, self.node = fleet, node
+
+    def update(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class SimTrainCollector(_NodeCollector):
+    """What the agent's step intake exports for this node's ranks (flopwatch/catalog/train.py)."""
+
+    name = "train"
+
+    def jobs_here(self) -> Iterator[tuple[JobState, int]]:
+        for state in self.fleet.jobs.values():
+            spec = state.runner.spec
+            if self.node.index not in spec.nodes or state.counters.step_count == 0:
+                continue
+            if state.finished_at is not None and self.fleet.t - state.finished_at > SERIES_EXPIRY_S:
+                continue
+            yield state, spec.nodes.index(self.node.index)
+
+    def collect(self) -> Iterator[Family]:
+        m = train_metrics
+        fams = {metric: metric.family() for metric in (
+            m.STEPS, m.TOKENS, m.MODEL_FLOPS, m.HARDWARE_FLOPS, m.PHASE_SECONDS, m.CHECKPOINT_SECONDS,
+            m.LAST_STEP, m.STEP_SECONDS, m.FLOPS_PER_STEP)}
+        node = self.node.name
+        for state, position in self.jobs_here():
+            c, runner = state.counters, state.runner
+            gpn = runner.fleet.gpus_per_node
+            job_id = runner.spec.id
+            for gpu in range(gpn):
+                rank = position * gpn + gpu
+                labels = [node, job_id, str(rank), str(gpu)]
+                fams[m.STEPS].add_metric(labels, float(c.steps[rank]))
+                fams[m.TOKENS].add_metric(labels, float(c.tokens[rank]))
+                fams[m.MODEL_FLOPS].add_metric(labels, float(c.model_flops[rank]))
+                fams[m.HARDWARE_FLOPS].add_metric(labels, float(c.hardware_flops[rank]))
+                for i, phase in enumerate(PHASES):
+                    fams[m.PHASE_SECONDS].add_metric([*labels, phase], float(c.phase_seconds[i, rank]))
+                if c.checkpoint_seconds[rank] > 0:
+                    fams[m.CHECKPOINT_SECONDS].add_metric([*labels, "save"], float(c.checkpoint_seconds[rank]))
+                fams[m.LAST_STEP].add_metric(labels, float(c.last_step_time[rank]))
+                fams[m.FLOPS_PER_STEP].add_metric([node, job_id, str(rank), "analytic"],
+                                                  runner.flops_per_step / runner.ranks)
+            # every local rank observes every step: count = steps x local ranks (as the intake does)
+            buckets = [(_le(bound), float(count * gpn))
+                       for bound, count in zip(STEP_BUCKETS, c.step_buckets, strict=True)]
+            fams[m.STEP_SECONDS].add_metric([node, job_id], buckets, c.step_sum * gpn)
+        yield from (family for family in fams.values() if family.samples)
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class SimNicCollector(_NodeCollector):
+    """What the NIC collector exports for this node's InfiniBand ports (flopwatch/catalog/nic.py)."""
+
+    name = "nic"
+
+    def collect(self) -> Iterator[Family]:
+        m = nic_metrics
+        fams = {metric: metric.family() for metric in (
+            m.INFO, m.COUNTERS_AVAILABLE, m.PORT_STATE, m.PORT_PHYSICAL_STATE, m.PORT_RATE, m.DATA,
+            m.PACKETS, m.ERRORS, m.LINK_DOWNED, m.XMIT_WAIT)}
+        node = self.node.name
+        for nic in self.node.nics:
+            port = [node, nic.device, "1"]
+            fams[m.INFO].add_metric([*port, "InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"], 1)
+            fams[m.COUNTERS_AVAILABLE].add_metric(port, 1)
+            fams[m.PORT_STATE].add_metric([*port, PORT_STATE_WORDS[nic.state]], nic.state)
+            fams[m.PORT_PHYSICAL_STATE].add_metric([*port, PHYS_STATE_WORDS[nic.phys_state]], nic.phys_state)
+            fams[m.PORT_RATE].add_metric(port, nic.rate_bytes_per_s)
+            fams[m.DATA].add_metric([*port, "tx"], float(int(nic.xmit_bytes) // 4 * 4))
+            fams[m.DATA].add_metric([*port, "rx"], float(int(nic.rcv_bytes) // 4 * 4))
+            fams[m.PACKETS].add_metric([*port, "tx"], float(int(nic.xmit_packets)))
+            fams[m.PACKETS].add_metric([*port, "rx"], float(int(nic.rcv_packets)))
+            for counter in NIC_ERROR_COUNTERS:
+                fams[m.ERRORS].add_metric([*port, counter], float(getattr(nic, counter)))
+            fams[m.LINK_DOWNED].add_metric(port, nic.link_downed)
+            fams[m.XMIT_WAIT].add_metric(port, float(int(nic.xmit_wait)))
+        yield from (family for family in fams.values() if family.samples)
+
+
+class SimJobCollector(_NodeCollector):
+    """What attribution exports while a job holds this node's GPUs (flopwatch/catalog/job.py)."""
+
+    name = "attribution"
+
+    def collect(self) -> Iterator[Family]:
+        state = self.fleet.active_job(self.node)
+        if state is None:
+            return
+        family = job_metrics.GPU_JOB_INFO.family()
+        for gpu in range(len(self.node.gpus)):
+            family.add_metric([self.node.name, str(gpu), state.runner.spec.id, state.runner.spec.user], 1)
+        yield family
+
+
+class SimNodeAgent:
+    """The agent of one simulated node: the real Agent with the real GPU collector."""
+
+    def __init__(self, fleet: Fleet, node: SimNode, nvlink_per_link: bool = False) -> None:
+        options = GpuOptions(peak_flops=None, dtype="bf16", nvlink_per_link=nvlink_per_link, timeout=1.0,
+                             dcgm_host="")
+        backend = SimBackend(node.gpus, self_advancing=False, nvlink_per_link=nvlink_per_link)
+        gpu = GpuCollector(backend, node.name, options, len(node.gpus), threaded=False, clock=lambda: fleet.t)
+        self.agent = Agent(node.name, [gpu, SimTrainCollector(fleet, node), SimNicCollector(fleet, node),
+                                       SimJobCollector(fleet, node)], backend_name="sim")
+
+    def render(self) -> bytes:
+        self.agent.collect_once()
+        return self.agent.exposition()
+
+
+__all__ = ["PHYS_LINK_UP", "PORT_ACTIVE", "SimNodeAgent"]

@@ -1,0 +1,347 @@
+"""Scenario files (YAML, DESIGN.md "Scenario files"): parsed into typed objects or one clear error.
+
+    name: thermal-straggler
+    seed: 7
+    duration: 20m
+    scrape_interval: 5s
+    fleet: {nodes: 128, gpus_per_node: 8, gpu_model: H100-SXM, nics_per_node: 8}
+    jobs:
+      - id: llm-70b
+        nodes: "0-127"
+        model: {params: 70e9, layers: 80, heads: 64, head_dim: 128, seq_len: 4096}
+        tokens_per_step: 4194304
+        target_mfu: 0.42
+        step_jitter: 0.02
+    faults:
+      - {kind: thermal_throttle, node: 17, gpu: 3, start: 5m, duration: 10m, slowdown: 0.08}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flopwatch.hardware import GpuModel, known_names, model_by_name
+
+#: Fault kind -> (what it names: "gpu", "nic" or "node"; the alert cause it should produce).
+FAULT_KINDS: dict[str, tuple[str, str]] = {
+    "thermal_throttle": ("gpu", "thermal"),
+    "power_cap": ("gpu", "power"),
+    "hw_slowdown": ("gpu", "hw_slowdown"),
+    "pcie_downgrade": ("gpu", "pcie"),
+    "nvlink_errors": ("gpu", "nvlink"),
+    "xid": ("gpu", "xid"),
+    "gpu_lost": ("gpu", "gpu_lost"),
+    "slow_nic": ("nic", "nic"),
+    "nic_link_flap": ("nic", "nic"),
+    "host_cpu_contention": ("node", "host_cpu"),
+    "dataloader_stall": ("node", "dataloader"),
+    "gc_pause": ("node", "unknown"),
+}
+#: Default fractional slowdown of the affected rank(s) per fault kind, when the file gives none.
+DEFAULT_SLOWDOWN = {
+    "thermal_throttle": 0.08, "power_cap": 0.08, "hw_slowdown": 0.1, "pcie_downgrade": 0.05,
+    "nvlink_errors": 0.05, "slow_nic": 0.1, "nic_link_flap": 0.05, "host_cpu_contention": 0.08,
+    "dataloader_stall": 0.1, "gc_pause": 0.05, "xid": 0.0, "gpu_lost": 0.0,
+}
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+class ScenarioError(ValueError):
+    """The scenario file is wrong; the message names the field and what is expected."""
+
+
+def parse_duration(value: Any, where: str) -> float:
+    """'5m' -> 300.0; plain numbers are seconds."""
+    if isinstance(value, bool):
+        raise ScenarioError(f"{where}: expected a duration like 30s, 5m, 2h or 7d, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ScenarioError(f"{where}: expected a duration like 30s, 5m, 2h or 7d, got {value!r}")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < 0:
+        raise ScenarioError(f"{where}: a duration cannot be negative, got {value!r}")
+    return seconds
+
+
+def parse_index_set(value: Any, where: str, limit: int) -> list[int]:
+    """'0-3,8,10-11' or [0, 1] or 5 -> sorted unique indices, each below `limit`."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    out: set[int] = set()
+    for item in items:
+        text = str(item).strip()
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", text)
+        if not match:
+            raise ScenarioError(f"{where}: expected node indices like \"0-127\" or \"0,4,8-11\", got {value!r}")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) else low
+        if high < low:
+            raise ScenarioError(f"{where}: range {text!r} runs backwards")
+        if high >= limit:
+            raise ScenarioError(f"{where}: node {high} is out of range (the fleet has nodes 0-{limit - 1})")
+        out.update(range(low, high + 1))
+    if not out:
+        raise ScenarioError(f"{where}: names no node")
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: float
+    layers: int
+    heads: int
+    head_dim: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    id: str
+    nodes: list[int]
+    model: ModelShape
+    tokens_per_step: float
+    target_mfu: float
+    step_jitter: float
+    start: float
+    end: float | None
+    user: str
+    checkpoint_every: float
+    checkpoint_seconds: float
+    recompute: bool
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    node: int
+    gpu: int | None
+    nic: int | None
+    start: float
+    end: float
+    slowdown: float
+    xid: int | None
+    index: int  # position in the file, for truth and messages
+
+    @property
+    def target(self) -> str:
+        return FAULT_KINDS[self.kind][0]
+
+    @property
+    def cause(self) -> str:
+        return FAULT_KINDS[self.kind][1]
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    nodes: int
+    gpus_per_node: int
+    gpu_model: GpuModel
+    nics_per_node: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    duration: float
+    scrape_interval: float
+    fleet: FleetSpec
+    jobs: list[JobSpec]
+    faults: list[FaultSpec] = field(default_factory=list)
+    source: str = ""
+
+
+class _Reader:
+    """Typed field access with errors that name the path of the field."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{where}: expected a mapping, got {type(data).__name__}")
+        self.data, self.where = data, where
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = ...) -> Any:
+        if not self.has(key):
+            if default is ...:
+                raise ScenarioError(f"{self.path(key)}: required field is missing")
+            return default
+        return self.data[key]
+
+    def number(self, key: str, low: float, high: float, default: Any = ...) -> float:
+        value = self.raw(key, default)
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ScenarioError(f"{self.path(key)}: expected a number, got {value!r}") from None
+        if not low <= number <= high:
+            raise ScenarioError(f"{self.path(key)}: expected a number from {low:g} to {high:g}, got {value!r}")
+        return number
+
+    def integer(self, key: str, low: int, high: int, default: Any = ...) -> int:
+        number = self.number(key, low, high, default)
+        if not float(number).is_integer():
+            raise ScenarioError(f"{self.path(key)}: expected a whole number, got {self.raw(key)!r}")
+        return int(number)
+
+    def duration(self, key: str, default: Any = ...) -> float:
+        value = self.raw(key, default)
+        return value if isinstance(value, float) and not self.has(key) else parse_duration(value, self.path(key))
+
+    def text(self, key: str, default: Any = ...) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
+            raise ScenarioError(f"{self.path(key)}: expected text, got {value!r}")
+        return str(value).strip()
+
+    def check_keys(self, allowed: set[str]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                raise ScenarioError(f"{self.path(str(key))}: unknown field (known: {', '.join(sorted(allowed))})")
+
+
+def parse(data: Any, source: str = "") -> Scenario:
+    top = _Reader(data, "")
+    top.check_keys({"name", "seed", "duration", "scrape_interval", "fleet", "jobs", "faults", "description"})
+    fleet_r = _Reader(top.raw("fleet"), "fleet")
+    fleet_r.check_keys({"nodes", "gpus_per_node", "gpu_model", "nics_per_node"})
+    model_name = fleet_r.text("gpu_model", "H100-SXM")
+    gpu_model = model_by_name(model_name)
+    if gpu_model is None:
+        raise ScenarioError(f"fleet.gpu_model: unknown GPU model {model_name!r} (known: {', '.join(known_names())})")
+    fleet = FleetSpec(
+        nodes=fleet_r.integer("nodes", 1, 100_000),
+        gpus_per_node=fleet_r.integer("gpus_per_node", 1, 64, 8),
+        gpu_model=gpu_model,
+        nics_per_node=fleet_r.integer("nics_per_node", 0, 64, 8),
+    )
+    duration = top.duration("duration")
+    if duration <= 0:
+        raise ScenarioError("duration: must be longer than 0s")
+    scrape_interval = top.duration("scrape_interval", 5.0)
+    if not 0.5 <= scrape_interval <= 300:
+        raise ScenarioError(f"scrape_interval: expected 0.5s to 5m, got {top.raw('scrape_interval')!r}")
+    jobs_raw = top.raw("jobs", [])
+    if not isinstance(jobs_raw, list):
+        raise ScenarioError("jobs: expected a list of jobs")
+    jobs = [_job(item, f"jobs[{i}]", fleet, duration) for i, item in enumerate(jobs_raw)]
+    seen: set[str] = set()
+    owner: dict[int, str] = {}
+    for job in jobs:
+        if job.id in seen:
+            raise ScenarioError(f"jobs: job id {job.id!r} appears twice")
+        seen.add(job.id)
+        for node in job.nodes:
+            if node in owner and _overlap(job, next(j for j in jobs if j.id == owner[node])):
+                raise ScenarioError(f"jobs: node {node} is in both {owner[node]!r} and {job.id!r} at the same time")
+            owner[node] = job.id
+    faults_raw = top.raw("faults", [])
+    if not isinstance(faults_raw, list):
+        raise ScenarioError("faults: expected a list of faults")
+    faults = [parse_fault(item, f"faults[{i}]", i, fleet, duration) for i, item in enumerate(faults_raw)]
+    return Scenario(
+        name=top.text("name", "scenario"), seed=top.integer("seed", 0, 2**32 - 1, 0), duration=duration,
+        scrape_interval=scrape_interval, fleet=fleet, jobs=jobs, faults=faults, source=source,
+    )
+
+
+def _overlap(a: JobSpec, b: JobSpec) -> bool:
+    a_end = a.end if a.end is not None else float("inf")
+    b_end = b.end if b.end is not None else float("inf")
+    return a.start < b_end and b.start < a_end
+
+
+def _job(data: Any, where: str, fleet: FleetSpec, duration: float) -> JobSpec:
+    r = _Reader(data, where)
+    r.check_keys({"id", "nodes", "model", "tokens_per_step", "target_mfu", "step_jitter", "start", "end",
+                  "user", "checkpoint_every", "checkpoint_seconds", "recompute"})
+    m = _Reader(r.raw("model"), f"{where}.model")
+    m.check_keys({"params", "layers", "heads", "head_dim", "seq_len"})
+    shape = ModelShape(
+        params=m.number("params", 1e6, 1e14), layers=m.integer("layers", 1, 10_000),
+        heads=m.integer("heads", 1, 10_000), head_dim=m.integer("head_dim", 1, 100_000),
+        seq_len=m.integer("seq_len", 1, 10_000_000),
+    )
+    start = r.duration("start", 0.0)
+    end = r.duration("end") if r.has("end") else None
+    if end is not None and end <= start:
+        raise ScenarioError(f"{where}.end: must come after start")
+    if start >= duration:
+        raise ScenarioError(f"{where}.start: the job would start after the scenario ends")
+    return JobSpec(
+        id=r.text("id"), nodes=parse_index_set(r.raw("nodes"), f"{where}.nodes", fleet.nodes), model=shape,
+        tokens_per_step=r.number("tokens_per_step", 1, 1e12), target_mfu=r.number("target_mfu", 0.01, 0.9),
+        step_jitter=r.number("step_jitter", 0, 0.5, 0.02), start=start, end=end,
+        user=r.text("user", "ml-team"), checkpoint_every=r.duration("checkpoint_every", 1800.0),
+        checkpoint_seconds=r.duration("checkpoint_seconds", 20.0),
+        recompute=bool(r.raw("recompute", False)),
+    )
+
+
+def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: float) -> FaultSpec:
+    r = _Reader(data, where)
+    r.check_keys({"kind", "node", "gpu", "nic", "start", "duration", "slowdown", "xid"})
+    kind = r.text("kind")
+    if kind not in FAULT_KINDS:
+        raise ScenarioError(f"{where}.kind: unknown fault kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
+    node = r.integer("node", 0, 10**9)
+    if node >= fleet.nodes:
+        raise ScenarioError(f"{where}.node: node {node} is out of range (the fleet has nodes 0-{fleet.nodes - 1})")
+    target = FAULT_KINDS[kind][0]
+    gpu = nic = None
+    if target == "gpu":
+        gpu = r.integer("gpu", 0, 10**9, 0)
+        if gpu >= fleet.gpus_per_node:
+            raise ScenarioError(f"{where}.gpu: GPU {gpu} is out of range (nodes have GPUs 0-{fleet.gpus_per_node - 1})")
+    if target == "nic":
+        if fleet.nics_per_node == 0:
+            raise ScenarioError(f"{where}: a {kind} fault needs NICs, but fleet.nics_per_node is 0")
+        nic = r.integer("nic", 0, 10**9, 0)
+        if nic >= fleet.nics_per_node:
+            raise ScenarioError(f"{where}.nic: NIC {nic} is out of range (nodes have NICs 0-{fleet.nics_per_node - 1})")
+    start = r.duration("start")
+    if start >= duration:
+        raise ScenarioError(f"{where}.start: the fault would start after the scenario ends")
+    length = r.duration("duration", duration - start)
+    xid = None
+    if kind == "xid":
+        xid = r.integer("xid", 1, 1000)
+    elif kind == "gpu_lost":
+        xid = 79
+    return FaultSpec(
+        kind=kind, node=node, gpu=gpu, nic=nic, start=start, end=min(duration, start + length),
+        slowdown=r.number("slowdown", 0, 0.9, DEFAULT_SLOWDOWN[kind]), xid=xid, index=index,
+    )
+
+
+def load(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ScenarioError(f"scenario file {path}: cannot read it ({error.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        raise ScenarioError(f"scenario file {path}: not valid YAML"
+                            + (f" at line {mark.line + 1}" if mark else "")) from None
+    try:
+        return parse(data, str(path))
+    except ScenarioError as error:
+        raise ScenarioError(f"scenario file {path}: {error}") from None
