@@ -7,6 +7,7 @@ one-line error naming the key and what was expected (the CLI turns it into exit 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import yaml
 
 from flopwatch.hardware import DTYPES, known_names, model_by_name
 
+#: Virtual Ethernet interfaces that carry no training traffic of their own (nic.net_exclude).
+DEFAULT_NET_EXCLUDE = r"lo|veth.*|docker.*|br-.*|virbr.*|cali.*|flannel.*|cni.*|lxc.*|tap.*|tun.*"
 DEFAULT_PORT = 9847  # not dcgm-exporter's 9400 nor node_exporter's 9100
 ENV_PREFIX = "FLOPWATCH_"
 
@@ -102,6 +105,27 @@ def _gpu_model(value: Any) -> str:
     return model.name
 
 
+def _regex(value: Any) -> str:
+    text = str(value)
+    try:
+        re.compile(text)
+    except re.error:
+        raise ValueError from None
+    return text
+
+
+def _rails(value: Any) -> dict[int, tuple[str, str]]:
+    """'0=mlx5_0,1=mlx5_1:1' -> {0: ('mlx5_0', '1'), 1: ('mlx5_1', '1')} (port 1 when omitted)."""
+    rails: dict[int, tuple[str, str]] = {}
+    for pair in str(value).split(","):
+        gpu, sep, nic = pair.strip().partition("=")
+        device, _, port = nic.strip().partition(":")
+        if not sep or not gpu.strip().isdigit() or not device or not (port or "1").isdigit():
+            raise ValueError
+        rails[int(gpu)] = (device, port or "1")
+    return rails
+
+
 def parse_listen(value: Any) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' or '[v6]:PORT' -> (host, port); port 0 picks a free port."""
     text = str(value).strip()
@@ -131,7 +155,24 @@ FIELDS: dict[str, Field] = {
     "sim.gpus": Field(_integer(1, 64), 8, "GPUs on the simulated node, 1 to 64"),
     "sim.model": Field(_gpu_model, "H100-SXM", f"one of {', '.join(known_names())}"),
     "sim.seed": Field(_integer(0, 2**32 - 1), 0, "an integer seed"),
+    "nic.sysfs_root": Field(_text, "/sys", "the sysfs root holding class/infiniband and class/net, e.g. /sys"),
+    "nic.net_exclude": Field(_regex, DEFAULT_NET_EXCLUDE,
+                             "a regular expression of Ethernet interface names to skip (full match)"),
+    "host.procfs_root": Field(_text, "/proc", "the procfs root, e.g. /proc (or /host/proc in a container)"),
+    "host.sysfs_root": Field(_optional(_text), None, "the sysfs root for NUMA layout (default: nic.sysfs_root)"),
+    "attribution.mapping_dir": Field(_optional(_text), "/run/flopwatch/gpu-jobs",
+                                     "the Slurm prolog/epilog GPU-to-job mapping directory, or none"),
+    "attribution.procfs_root": Field(_optional(_text), "/proc",
+                                     "the procfs root for process environments, or none to skip them"),
+    "attribution.kubelet_socket": Field(_optional(_text), None,
+                                        "the kubelet pod-resources socket, e.g. "
+                                        "/var/lib/kubelet/pod-resources/kubelet.sock (off by default)"),
+    "attribution.nic_rails": Field(_optional(_rails), None,
+                                   "GPU=DEVICE[:PORT] pairs naming each GPU's NIC rail, e.g. 0=mlx5_0,1=mlx5_1"),
     "collectors.gpu": Field(_boolean, True, "true or false"),
+    "collectors.nic": Field(_boolean, True, "true or false (InfiniBand, RoCE and Ethernet from sysfs)"),
+    "collectors.host": Field(_boolean, True, "true or false (CPU per NUMA node, memory, PSI)"),
+    "collectors.attribution": Field(_boolean, True, "true or false (flopwatch_gpu_job_info)"),
 }
 
 
@@ -152,6 +193,26 @@ class SimOptions:
 
 
 @dataclass(frozen=True)
+class NicOptions:
+    sysfs_root: str = "/sys"
+    net_exclude: str = DEFAULT_NET_EXCLUDE
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    procfs_root: str = "/proc"
+    sysfs_root: str | None = None  # None: nic.sysfs_root
+
+
+@dataclass(frozen=True)
+class AttributionOptions:
+    mapping_dir: str | None = "/run/flopwatch/gpu-jobs"
+    procfs_root: str | None = "/proc"
+    kubelet_socket: str | None = None
+    nic_rails: dict[int, tuple[str, str]] | None = None
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node: str
     listen: tuple[str, int]
@@ -161,6 +222,9 @@ class AgentConfig:
     gpu: GpuOptions
     sim: SimOptions
     collectors: dict[str, bool]
+    nic: NicOptions = NicOptions()
+    host: HostOptions = HostOptions()
+    attribution: AttributionOptions = AttributionOptions()
 
     @property
     def values(self) -> dict[str, Any]:
@@ -251,6 +315,9 @@ def load(
         gpu=GpuOptions(**_section(parsed, "gpu")),
         sim=SimOptions(**_section(parsed, "sim")),
         collectors=_section(parsed, "collectors"),
+        nic=NicOptions(**_section(parsed, "nic")),
+        host=HostOptions(**_section(parsed, "host")),
+        attribution=AttributionOptions(**_section(parsed, "attribution")),
     )
 
 

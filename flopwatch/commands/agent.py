@@ -7,10 +7,13 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from flopwatch import config as cfg
 from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
 from flopwatch.exporters.agent import Agent, Collector
+from flopwatch.exporters.attribution import GpuProcesses
+from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.reading import BackendUnavailable
 
 log = logging.getLogger("flopwatch.agent")
@@ -19,7 +22,7 @@ log = logging.getLogger("flopwatch.agent")
 FLAGS = {
     "backend": "backend", "listen": "listen", "interval": "interval", "node": "node",
     "log_level": "log_level", "peak_flops": "gpu.peak_flops", "sim_gpus": "sim.gpus",
-    "sim_model": "sim.model", "nvlink_per_link": "gpu.nvlink_per_link",
+    "sim_model": "sim.model", "nvlink_per_link": "gpu.nvlink_per_link", "sysfs_root": "nic.sysfs_root",
 }
 
 
@@ -39,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated GPU model, e.g. H100-SXM (backend sim)")
     parser.add_argument("--no-nvlink-per-link", dest="nvlink_per_link", action="store_const", const=False,
                         help="export NVLink counters summed per GPU instead of per link")
+    parser.add_argument("--sysfs-root", dest="sysfs_root", metavar="PATH",
+                        help="sysfs root for the NIC and host collectors (default /sys; a recorded tree "
+                        "for tests)")
     parser.add_argument("--once", action="store_true",
                         help="collect once, print the exposition to stdout and exit")
     parser.add_argument("--print-config", action="store_true", help="print the merged config and exit")
@@ -56,8 +62,8 @@ def build_agent(config: cfg.AgentConfig) -> Agent:
     """The agent with every enabled collector; raises UsageError when the GPU backend cannot start."""
     collectors: list[Collector] = []
     backend_name = "none"
+    gpu_collector: GpuCollector | None = None
     if config.collectors.get("gpu", True):
-        from flopwatch.exporters.gpu.collector import GpuCollector
         from flopwatch.exporters.gpu.select import make_backend
 
         try:
@@ -66,8 +72,54 @@ def build_agent(config: cfg.AgentConfig) -> Agent:
             raise UsageError(str(error)) from None
         backend_name = backend.name
         log.info("GPU backend %s: %d GPU(s)", backend.name, count)
-        collectors.append(GpuCollector(backend, config.node, config.gpu, count))
+        gpu_collector = GpuCollector(backend, config.node, config.gpu, count)
+        collectors.append(gpu_collector)
+    collectors += _node_collectors(config, gpu_processes_of(gpu_collector))
     return Agent(config.node, collectors, backend_name)
+
+
+def gpu_processes_of(collector: GpuCollector | None) -> Callable[[], list[GpuProcesses]]:
+    """The seam attribution and the host collector read PIDs through: the GPU collector's last
+    readings (it updates first in each cycle), never the hardware itself."""
+
+    def read() -> list[GpuProcesses]:
+        if collector is None:
+            return []
+        out = []
+        for state in collector.states:
+            known = state.last_known
+            pids = state.reading.pids if state.up and state.reading is not None else None
+            out.append(GpuProcesses(state.index, known.uuid if known else None,
+                                    None if pids is None else tuple(pids)))
+        return out
+
+    return read
+
+
+def _node_collectors(config: cfg.AgentConfig, gpu_processes: Callable[[], list[GpuProcesses]]) -> list[Collector]:
+    """NIC, host and attribution collectors, as enabled (issue 5)."""
+    collectors: list[Collector] = []
+    if config.collectors.get("nic", False):
+        from flopwatch.exporters.nic import NicCollector
+
+        collectors.append(NicCollector(config.node, config.nic.sysfs_root, config.nic.net_exclude))
+    if config.collectors.get("host", False):
+        from flopwatch.exporters.host import HostCollector
+
+        collectors.append(HostCollector(config.node, config.host.procfs_root,
+                                        config.host.sysfs_root or config.nic.sysfs_root, gpu_processes))
+    if config.collectors.get("attribution", False):
+        from flopwatch.exporters.attribution import AttributionCollector
+        from flopwatch.exporters.attribution_kubelet import grpc_available
+
+        options = config.attribution
+        if options.kubelet_socket and not grpc_available():
+            raise UsageError("attribution.kubelet_socket needs grpcio: pip install 'flopwatch[kubernetes]', "
+                             "or unset attribution.kubelet_socket")
+        collectors.append(AttributionCollector(
+            config.node, gpu_processes, mapping_dir=options.mapping_dir, procfs_root=options.procfs_root,
+            kubelet_socket=options.kubelet_socket, nic_rails=options.nic_rails))
+    return collectors
 
 
 def run(args: argparse.Namespace) -> int:
