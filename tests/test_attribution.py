@@ -182,3 +182,29 @@ def test_seam_failure_counts_an_error_and_the_mapping_still_works(mapping):
     collector = AttributionCollector("n1", broken, mapping_dir=str(mapping))
     assert collector.update() == 1
     assert ("0", "81723", "alice") in info_series(collector)
+
+
+def test_build_agent_feeds_attribution_from_the_gpu_collector(mapping):
+    """build_agent's seam: PIDs and UUIDs come from the GPU collector's last readings (sim backend)."""
+    from flopwatch import config as cfg
+    from flopwatch.commands.agent import build_agent, gpu_processes_of
+
+    config = cfg.load(overrides={"backend": "sim", "node": "n1", "sim.gpus": 3,
+                                 "attribution.mapping_dir": str(mapping)}, environ={})
+    agent = build_agent(config)
+    try:
+        assert [c.name for c in agent.collectors] == ["gpu", "nic", "host", "attribution"]
+        gpu = agent.collectors[0]
+        assert gpu_processes_of(gpu)() == [GpuProcesses(i, None, None) for i in range(3)]  # nothing read yet
+        agent.collect_once()
+        seen = gpu_processes_of(gpu)()
+        assert [p.index for p in seen] == [0, 1, 2]
+        assert all(p.pids == () for p in seen)  # the simulator lists no processes: known, empty
+        uuids = {s.labels["gpu"]: s.labels["uuid"] for f in gpu.collect() if f.name == "flopwatch_gpu_info"
+                 for s in f.samples}
+        assert {str(p.index): p.uuid for p in seen} == uuids
+        attribution = agent.collectors[3]
+        assert info_series(attribution) >= {("0", "81723", "alice"), ("2", "81799", "bob")}
+    finally:
+        agent.close()
+    assert gpu_processes_of(None)() == []

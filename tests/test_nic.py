@@ -104,8 +104,8 @@ def test_roce_nic_with_empty_standard_counters_is_reported_as_such(fixture_regis
     hw = {"np_ecn_marked_roce_packets": 181_904, "np_cnp_sent": 90_211, "rp_cnp_handled": 88_765,
           "out_of_sequence": 333, "local_ack_timeout_err": 17, "roce_slow_restart": 6}
     for counter, expected in hw.items():
-        assert value(fixture_registry, "flopwatch_nic_hw_counter_total", counter=counter, **at) == expected
-    assert value(fixture_registry, "flopwatch_nic_hw_counter_total", counter="lifespan", **at) is None
+        assert value(fixture_registry, "flopwatch_nic_hw_events_total", counter=counter, **at) == expected
+    assert value(fixture_registry, "flopwatch_nic_hw_events_total", counter="lifespan", **at) is None
     assert value(fixture_registry, "flopwatch_nic_info", link_layer="Ethernet", firmware_version="22.36.1010",
                  hca_type="MT4125", board_id="MT_0000000359", **at) == 1
 

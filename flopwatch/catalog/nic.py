@@ -67,7 +67,7 @@ XMIT_WAIT = Metric(
     "peer upstream.", PORT,
 )
 HW_COUNTERS = Metric(
-    "flopwatch_nic_hw_counter_total", "counter", "",
+    "flopwatch_nic_hw_events_total", "counter", "",
     "Driver hw_counters of the port (RoCE congestion and transport), `counter` naming the file: "
     "np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled, rp_cnp_ignored, out_of_sequence, "
     "local_ack_timeout_err, roce_slow_restart, packet_seq_err, implied_nak_seq_err, "

@@ -16,7 +16,7 @@ Sample output (abridged):
     flopwatch_nic_data_bytes_total{node="n1",device="mlx5_0",port="1",direction="tx"} 7.6e+12
     flopwatch_nic_port_errors_total{node="n1",device="mlx5_0",port="1",counter="symbol_error"} 41.0
     flopwatch_nic_counters_available{node="n1",device="mlx5_2",port="1"} 0.0
-    flopwatch_nic_hw_counter_total{node="n1",device="mlx5_2",port="1",counter="np_cnp_sent"} 90211.0
+    flopwatch_nic_hw_events_total{node="n1",device="mlx5_2",port="1",counter="np_cnp_sent"} 90211.0
     flopwatch_nic_net_bytes_total{node="n1",device="eno1",direction="rx"} 8.8e+09
 """
 
@@ -28,12 +28,10 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric as Family
 
 from flopwatch.catalog import nic as m
+from flopwatch.config import DEFAULT_NET_EXCLUDE
 from flopwatch.exporters.nic_sysfs import SysfsReader, SysfsScan
 
 log = logging.getLogger(__name__)
-
-#: Virtual interfaces that carry no training traffic of their own.
-DEFAULT_NET_EXCLUDE = r"lo|veth.*|docker.*|br-.*|virbr.*|cali.*|flannel.*|cni.*|lxc.*|tap.*|tun.*"
 
 
 class NicCollector:
