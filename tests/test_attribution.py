@@ -208,3 +208,47 @@ def test_build_agent_feeds_attribution_from_the_gpu_collector(mapping):
     finally:
         agent.close()
     assert gpu_processes_of(None)() == []
+
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "slurm"
+
+
+def run_script(name: str, mapping_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    """The shipped Slurm prolog/epilog under real bash and flock, as slurmd would run them."""
+    environment = {"PATH": os.environ["PATH"], "FLOPWATCH_GPU_JOB_DIR": str(mapping_dir), **env}
+    return subprocess.run(["bash", str(DEPLOY / name)], env=environment, capture_output=True, text=True,
+                          timeout=30, check=False)
+
+
+def test_shipped_prolog_and_epilog_drive_attribution(tmp_path):
+    mapping_dir = tmp_path / "gpu-jobs"
+    collector = AttributionCollector("n1", no_gpus, mapping_dir=str(mapping_dir), procfs_root=None)
+    first = run_script("prolog.sh", mapping_dir, SLURM_JOB_ID="5001", SLURM_JOB_USER="alice", SLURM_JOB_GPUS="0,1")
+    second = run_script("prolog.sh", mapping_dir, SLURM_JOB_ID="5002", SLURM_JOB_USER="bob",
+                        CUDA_VISIBLE_DEVICES="1,MIG-4f1e")  # older Slurm: no SLURM_JOB_GPUS
+    assert first.returncode == second.returncode == 0
+    assert "MIG-4f1e" in second.stderr  # said why it skipped it
+    assert (mapping_dir / "1").read_text() == "5001\n5002\n"  # dcgm-exporter's format
+    collector.update()
+    assert info_series(collector) == {("0", "5001", "alice"), ("1", "5001", "alice"), ("1", "5002", "bob")}
+    assert run_script("prolog.sh", mapping_dir, SLURM_JOB_ID="5001", SLURM_JOB_GPUS="0,1").returncode == 0
+    assert (mapping_dir / "0").read_text() == "5001\n"  # a rerun does not duplicate the line
+    assert run_script("epilog.sh", mapping_dir, SLURM_JOB_ID="5001").returncode == 0
+    collector.update()
+    assert info_series(collector) == {("1", "5002", "bob")}
+    assert not (mapping_dir / "0").exists()
+    assert run_script("epilog.sh", mapping_dir, SLURM_JOB_ID="5002").returncode == 0
+    collector.update()
+    assert info_series(collector) == set()
+    assert sorted(p.name for p in mapping_dir.iterdir() if not p.name.startswith(".")) == ["users"]
+    assert list((mapping_dir / "users").iterdir()) == []
+
+
+def test_prolog_never_fails_the_job(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    result = run_script("prolog.sh", blocked / "sub", SLURM_JOB_ID="1", SLURM_JOB_GPUS="0")
+    assert result.returncode == 0
+    assert "cannot create" in result.stderr
+    assert run_script("prolog.sh", tmp_path / "m").returncode == 0  # no SLURM_JOB_ID
+    assert run_script("epilog.sh", tmp_path / "absent", SLURM_JOB_ID="1").returncode == 0
