@@ -9,8 +9,9 @@ from flopwatch.catalog import Metric
 
 GPU_JOB_INFO = Metric(
     "flopwatch_gpu_job_info", "gauge", "",
-    "Always 1 while the job holds the GPU: join GPU series with `* on(node, gpu) group_left(job_id, "
-    "user) flopwatch_gpu_job_info`. Sources in order: the Slurm prolog/epilog mapping directory, "
+    "Always 1 while the job holds the GPU. Join with the info series on the many side, "
+    "`flopwatch_gpu_job_info * on(node, gpu) group_left <gpu series>`, so a GPU shared by several "
+    "jobs yields one result per job. Sources in order: the Slurm prolog/epilog mapping directory, "
     "the environment of the processes on the GPU, the kubelet pod-resources socket "
     "(job_id namespace/pod).",
     ("gpu", "job_id", "user"),
