@@ -22,9 +22,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flopwatch.catalog import agent as agent_catalog
-from flopwatch.catalog import gpu as gpu_catalog
-from flopwatch.catalog import metrics_of
+from flopwatch.catalog import all_metrics
 from flopwatch.stack import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -48,8 +46,21 @@ class AgentProcess(ServerProcess):
         super().__init__(workdir=Path(tempfile.mkdtemp(prefix="flopwatch-agent-")))
 
     def args(self) -> list[str]:
-        return ["agent", "--backend", "sim", "--sim-gpus", str(GPUS), "--sim-model", "H100-SXM",
-                "--interval", "1", "--node", "load-node", "--listen", f"127.0.0.1:{self.port}"]
+        return [
+            "agent",
+            "--backend",
+            "sim",
+            "--sim-gpus",
+            str(GPUS),
+            "--sim-model",
+            "H100-SXM",
+            "--interval",
+            "1",
+            "--node",
+            "load-node",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+        ]
 
     def stop(self, timeout: float = 10.0) -> None:
         super().stop(timeout)
@@ -67,7 +78,7 @@ class Shape:
     @classmethod
     def of(cls, body: bytes) -> Shape:
         last_help = body.rindex(b"# HELP ")
-        return cls(body.count(b"\n"), body.count(b"# TYPE "), body[last_help:body.index(b"\n", last_help)])
+        return cls(body.count(b"\n"), body.count(b"# TYPE "), body[last_help : body.index(b"\n", last_help)])
 
     def problem(self, body: bytes) -> str | None:
         if not body.startswith(b"# HELP flopwatch_") or not body.endswith(b"\n"):
@@ -123,8 +134,9 @@ class Scraper:
 def scrape_round(port: int, shape: Shape, scrapes: int) -> list[Scraper]:
     scrapers = [Scraper(port, keep_alive=i % 2 == 0, shape=shape) for i in range(SCRAPERS)]
     start = threading.Barrier(SCRAPERS)
-    threads = [threading.Thread(target=s.run, args=(scrapes, start), name=f"scraper-{i}")
-               for i, s in enumerate(scrapers)]
+    threads = [
+        threading.Thread(target=s.run, args=(scrapes, start), name=f"scraper-{i}") for i, s in enumerate(scrapers)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -176,7 +188,7 @@ def test_50_concurrent_scrapers_get_complete_bodies_and_memory_stays_flat(agent:
     assert agent.proc is not None
     shape = Shape.of(get(agent.port, "/metrics"))
     # The text parser names counter families without their _total suffix.
-    catalogue = {m.name.removesuffix("_total") for m in metrics_of(gpu_catalog) + metrics_of(agent_catalog)}
+    catalogue = {metric.name.removesuffix("_total") for _, metric in all_metrics()}
     rss = psutil.Process(agent.proc.pid)
 
     warmup = scrape_round(agent.port, shape, WARMUP_SCRAPES)
@@ -198,13 +210,20 @@ def test_50_concurrent_scrapers_get_complete_bodies_and_memory_stays_flat(agent:
         names = {family.name for family in text_string_to_metric_families(scraper.last_body.decode())}
         assert {"flopwatch_gpu_up", "flopwatch_build_info", "flopwatch_gpu_nvlink_bytes"} <= names <= catalogue
     growth = (rss_end - rss_warm) / rss_warm
-    print(f"{SCRAPERS}x{SCRAPES} scrapes in {elapsed:.1f}s, peak {watch.peak} connections, RSS "
-          f"{rss_warm / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB ({growth:+.1%})")
-    assert abs(growth) <= RSS_TOLERANCE, (f"agent RSS {rss_warm / 2**20:.1f} MiB after warm-up, "
-                                          f"{rss_end / 2**20:.1f} MiB after {elapsed:.1f}s of load")
+    print(
+        f"{SCRAPERS}x{SCRAPES} scrapes in {elapsed:.1f}s, peak {watch.peak} connections, RSS "
+        f"{rss_warm / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB ({growth:+.1%})"
+    )
+    assert abs(growth) <= RSS_TOLERANCE, (
+        f"agent RSS {rss_warm / 2**20:.1f} MiB after warm-up, {rss_end / 2**20:.1f} MiB after {elapsed:.1f}s of load"
+    )
     # The agent counted every answer, and every answer was a 200.
     time.sleep(1.2)
-    counted = {s.labels["code"]: s.value for f in text_string_to_metric_families(get(agent.port, "/metrics").decode())
-               if f.name == "flopwatch_http_responses" for s in f.samples}
+    counted = {
+        s.labels["code"]: s.value
+        for f in text_string_to_metric_families(get(agent.port, "/metrics").decode())
+        if f.name == "flopwatch_http_responses"
+        for s in f.samples
+    }
     assert set(counted) == {"200"}
     assert counted["200"] >= SCRAPERS * (SCRAPES + WARMUP_SCRAPES)

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flopwatch.catalog import Metric, metrics_of
+from flopwatch.catalog import Metric, by_name, metrics_of
 from flopwatch.catalog import agent as agent_catalog
 from flopwatch.catalog import gpu as gpu_catalog
 from flopwatch.promql import PromClient
@@ -40,8 +40,7 @@ JOB = "flopwatch-agent"
 #: Families that only appear after something goes wrong (a failed GPU read, an XID event):
 #: healthy simulated GPUs have nothing to count, and the collector leaves empty families out.
 EVENT_ONLY = {gpu_catalog.READ_ERRORS.name, gpu_catalog.XID_ERRORS.name}
-EXPECTED = [metric for metric in metrics_of(gpu_catalog) + metrics_of(agent_catalog)
-            if metric.name not in EVENT_ONLY]
+EXPECTED = [metric for metric in metrics_of(gpu_catalog) + metrics_of(agent_catalog) if metric.name not in EVENT_ONLY]
 
 
 class AgentProcess(ServerProcess):
@@ -61,8 +60,22 @@ class AgentProcess(ServerProcess):
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def args(self) -> list[str]:
-        return ["agent", "--backend", "sim", "--sim-gpus", str(GPUS), "--sim-model", "H100-SXM",
-                "--interval", "1", "--node", NODE, "--listen", f"127.0.0.1:{self.port}", *self.extra]
+        return [
+            "agent",
+            "--backend",
+            "sim",
+            "--sim-gpus",
+            str(GPUS),
+            "--sim-model",
+            "H100-SXM",
+            "--interval",
+            "1",
+            "--node",
+            NODE,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            *self.extra,
+        ]
 
 
 def fetch(url: str) -> bytes:
@@ -71,8 +84,11 @@ def fetch(url: str) -> bytes:
 
 
 def series_of(exposition: str) -> set[tuple[str, frozenset[tuple[str, str]]]]:
-    return {(sample.name, frozenset(sample.labels.items()))
-            for family in text_string_to_metric_families(exposition) for sample in family.samples}
+    return {
+        (sample.name, frozenset(sample.labels.items()))
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
 
 
 @pytest.fixture(scope="module")
@@ -108,16 +124,27 @@ def test_prometheus_has_every_family_for_every_gpu(prometheus: PromClient) -> No
             assert gpus == {str(i) for i in range(GPUS)}, f"{metric.name}: GPUs {sorted(gpus)}"
 
 
+def catalogued(name: str) -> tuple[Metric, set[str]]:
+    """The catalogue entry a stored series belongs to, and the labels its sample type adds."""
+    catalogue = by_name()
+    if name in catalogue:
+        return catalogue[name], set()
+    for suffix, extra in (("_bucket", {"le"}), ("_sum", set()), ("_count", set())):
+        base = catalogue.get(name.removesuffix(suffix))
+        if name.endswith(suffix) and base is not None and base.type == "histogram":
+            return base, extra
+    raise AssertionError(f"{name} is not in the catalogue")
+
+
 def test_series_carry_exactly_the_catalogue_labels(prometheus: PromClient, agent: AgentProcess) -> None:
-    catalogue = {metric.name: metric for metric in metrics_of(gpu_catalog) + metrics_of(agent_catalog)}
+    """Every flopwatch_ series the agent exposes (GPU, and whatever else it collects on this host)."""
     samples = prometheus.query(f'{{job="{JOB}",__name__=~"flopwatch_.+"}}')
     assert samples
     for sample in samples:
         labels = dict(sample.labels)
         name = labels.pop("__name__")
-        assert name in catalogue, f"{name} is not in the catalogue"
-        metric: Metric = catalogue[name]
-        assert set(labels) == {*metric.all_labels, "job", "instance"}, f"{name}: labels {sorted(labels)}"
+        metric, extra = catalogued(name)
+        assert set(labels) == {*metric.all_labels, *extra, "job", "instance"}, f"{name}: labels {sorted(labels)}"
         assert labels["node"] == NODE
         assert labels["instance"] == f"127.0.0.1:{agent.port}"
 
@@ -148,8 +175,7 @@ def test_promtool_check_metrics_prints_nothing(agent: AgentProcess) -> None:
     promtool = require_binary("promtool", "prometheus")
     body = fetch(agent.url + "/metrics")
     assert b"flopwatch_gpu_up" in body
-    result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30,
-                            check=False)
+    result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30, check=False)
     assert (result.returncode, result.stdout + result.stderr) == (0, b"")
 
 
@@ -176,8 +202,14 @@ def test_sigterm_stops_the_agent_with_exit_0_and_nothing_left() -> None:
 def run_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {key: value for key, value in os.environ.items() if not key.startswith("FLOPWATCH_")}
     environ.update(env or {})
-    return subprocess.run([FLOPWATCH, "agent", "--backend", "sim", *args], capture_output=True, text=True,
-                          env=environ, timeout=60, check=False)
+    return subprocess.run(
+        [FLOPWATCH, "agent", "--backend", "sim", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=60,
+        check=False,
+    )
 
 
 def one_line(text: str) -> str:
