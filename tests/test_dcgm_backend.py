@@ -160,8 +160,11 @@ def test_host_engine_loss_keeps_gpus_up_and_reconnects(rigs, caplog):
     assert rig.value("flopwatch_gpu_power_watts", gpu="0") is not None
     assert caplog.text.count("lost the DCGM host engine") == 1
     engine.start()
-    rig.backend.reconnect_s = 0
     rig.backend._retry_at = 0  # skip the reconnect wait
+    rig.collect()              # schedules the reconnection in the background, does not wait for it
+    deadline = time.monotonic() + 3
+    while engine.connections == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
     rig.collect()
     assert rig.value("flopwatch_gpu_tensor_active_ratio", gpu="0") == pytest.approx(0.4)
     assert rig.value("flopwatch_gpu_tensor_active_ratio", gpu="1") == pytest.approx(0.6)

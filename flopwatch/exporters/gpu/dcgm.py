@@ -13,7 +13,8 @@ when NVML's byte counters are unavailable; they are integrated (rate x time sinc
 read) into counters, which is an estimate (docs/backends.md).
 
 If the host engine goes away while running, the GPUs stay up with NVML's fields and the profiling
-series go absent; the backend reconnects every `reconnect_s`.
+series go absent; a background thread reconnects every `reconnect_s`, so no GPU read ever waits on
+a host engine that is slow to answer.
 
 DCGM's Python bindings ship with DCGM (under /usr/local/dcgm/bindings/python3), not on PyPI.
 """
@@ -92,6 +93,7 @@ class DcgmBackend(GpuBackend):
         self._rates: dict[tuple[int, str], _RateCounter] = {}
         self._lock = threading.Lock()                    # connect / disconnect
         self._retry_at = 0.0
+        self._reconnecting: threading.Thread | None = None
         self._warned: set[Any] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -171,11 +173,21 @@ class DcgmBackend(GpuBackend):
             except Exception as error:  # cleanup goes on whatever a half-gone host engine raises
                 log.debug("DCGM cleanup: %r", error)
 
-    def _reconnect(self) -> None:
+    def _schedule_reconnect(self) -> None:
+        """Start one background reconnection attempt when the retry time has come."""
         with self._lock:
             if self._handle is not None or time.monotonic() < self._retry_at:
                 return
+            if self._reconnecting is not None and self._reconnecting.is_alive():
+                return
             self._retry_at = time.monotonic() + self.reconnect_s
+            self._reconnecting = threading.Thread(target=self._reconnect, name="dcgm-reconnect", daemon=True)
+            self._reconnecting.start()
+
+    def _reconnect(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                return
             try:
                 self._connect()
                 self._watch()
@@ -212,7 +224,8 @@ class DcgmBackend(GpuBackend):
     def _profiling(self, index: int) -> dict[int, float]:
         """Latest non-blank profiling values of one GPU by field id; empty when DCGM cannot answer."""
         if self._handle is None:
-            self._reconnect()
+            self._schedule_reconnect()
+            return {}
         entry = self._groups.get(index)
         field_group = self._field_group
         if entry is None or field_group is None:
