@@ -1,92 +1,245 @@
-"""`flopwatch demo`: a simulated GPU node, a real Prometheus scraping it, live figures from PromQL.
+"""`flopwatch demo`: the main job on one machine.
 
-Everything runs on loopback and stops on Ctrl-C or at the end of --duration, leaving no process.
+A simulated fleet (16 nodes x 8 H100s, two jobs) served to a real Prometheus with the project's
+rules and a real Alertmanager that pages a local webhook, all on free loopback ports. A live
+terminal view shows fleet, cluster and job MFU, busy/idle GPUs, the current straggler table and the
+pages received; about a minute in, a thermal straggler is injected. Ctrl-C or the end of
+--duration stops everything and leaves no process behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import tempfile
+import threading
 import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.panel import Panel
 from rich.table import Table
 
-from flopwatch import config as cfg
-from flopwatch.cli import RuntimeFailure
-from flopwatch.commands.agent import build_agent
+from flopwatch.cli import RuntimeFailure, UsageError
 from flopwatch.promql import PromClient, PromError
-from flopwatch.stack import Prometheus, ServerError
-from flopwatch.stack.servers import scrape_job
+from flopwatch.sim.fleet import Fleet, node_name
+from flopwatch.sim.scenario import Scenario, ScenarioError
+from flopwatch.sim.scenarios import shipped
+from flopwatch.sim.serve import FleetServer
+from flopwatch.stack import Alertmanager, Prometheus, ServerError
+from flopwatch.stack.webhook import WebhookReceiver
 
-#: Column title -> PromQL per GPU. Telemetry-only MFU estimate: tensor activity x clock ratio.
-PANEL_QUERIES = {
-    "SM clock (MHz)": "flopwatch_gpu_sm_clock_hertz / 1e6",
-    "power (W)": "flopwatch_gpu_power_watts",
-    "temp (°C)": "flopwatch_gpu_temperature_celsius",
-    "tensor active": "flopwatch_gpu_tensor_active_ratio",
-    "MFU est.": "flopwatch_gpu_tensor_active_ratio * flopwatch_gpu_sm_clock_hertz"
-                " / flopwatch_gpu_sm_clock_max_hertz",
-    "NVLink GB/s": "sum by (node, gpu) (rate(flopwatch_gpu_nvlink_bytes_total[5s])) / 1e9",
+ALERTS_DIR = Path(__file__).resolve().parents[2] / "alerts"
+
+#: PromQL the view runs; the same expressions a user can paste into Prometheus.
+ALLOCATED_PEAK = ('sum by (job_id) (flopwatch_gpu_peak_dense_flops{dtype="bf16"} '
+                  "* on (node, gpu) group_left (job_id) flopwatch_gpu_job_info)")
+QUERIES = {
+    "job_mfu": f"sum by (job_id) (rate(flopwatch_train_model_flops_total[1m])) / {ALLOCATED_PEAK}",
+    "job_step": "sum by (job_id) (rate(flopwatch_train_step_seconds_sum[1m])) "
+                "/ sum by (job_id) (rate(flopwatch_train_step_seconds_count[1m]))",
+    "cluster_mfu": f"sum(rate(flopwatch_train_model_flops_total[1m])) / sum({ALLOCATED_PEAK})",
+    "fleet_mfu": 'sum(rate(flopwatch_train_model_flops_total[1m])) / sum(flopwatch_gpu_peak_dense_flops{dtype="bf16"})',
+    "gpus_busy": "count(flopwatch_gpu_utilization_ratio > 0.5) or vector(0)",
+    "gpus_total": "count(flopwatch_gpu_up)",
+    "gpus_allocated": "count(flopwatch_gpu_job_info) or vector(0)",
+    # compute seconds per step of each rank against its job's median rank
+    "stragglers": "(sum without (phase) (rate(flopwatch_train_phase_seconds_total{phase=\"compute\"}[1m])) "
+                  "/ rate(flopwatch_train_steps_total[1m])) / on (job_id) group_left () quantile by (job_id) "
+                  "(0.5, sum without (phase) (rate(flopwatch_train_phase_seconds_total{phase=\"compute\"}[1m])) "
+                  "/ rate(flopwatch_train_steps_total[1m])) > 1.03",
+    "throttled": "flopwatch_gpu_clock_event_active{reason!=\"idle\"} == 1",
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=120.0, metavar="SECONDS",
-                        help="stop after this long (default 120; 0 runs until Ctrl-C)")
-    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs (default 8)")
-    parser.add_argument("--model", default="H100-SXM", help="simulated GPU model (default H100-SXM)")
+    parser.add_argument("--duration", type=float, default=180.0, metavar="SECONDS",
+                        help="stop after this long (default 180; 0 runs until Ctrl-C)")
+    parser.add_argument("--nodes", type=int, default=None, help="simulated nodes (default: the scenario's, 16)")
+    parser.add_argument("--scenario", default="demo",
+                        help=f"scenario file or shipped name (default demo; shipped: {', '.join(shipped())})")
+    parser.add_argument("--inject-after", type=float, default=60.0, metavar="SECONDS",
+                        help="inject a thermal straggler this long after start (default 60, or a third of a "
+                        "shorter --duration; negative: never)")
 
 
-def table(client: PromClient, gpus: int) -> Table:
-    view = Table(title="FlopWatch demo: live per-GPU figures from PromQL")
-    view.add_column("GPU", justify="right")
-    for title in PANEL_QUERIES:
-        view.add_column(title, justify="right")
-    values: dict[str, dict[str, float]] = {}
-    for title, expr in PANEL_QUERIES.items():
-        for sample in client.query(expr):
-            values.setdefault(sample.labels.get("gpu", "?"), {})[title] = sample.value
-    for gpu in sorted(values, key=lambda g: int(g) if g.isdigit() else -1)[:gpus]:
-        row = values[gpu]
-        view.add_row(gpu, *(f"{row[t]:.2f}" if t in row else "-" for t in PANEL_QUERIES))
+@dataclass
+class View:
+    values: dict[str, list] = field(default_factory=dict)
+    injected: str = ""
+    error: str = ""
+
+
+def poll(client: PromClient) -> View:
+    view = View()
+    for key, expr in QUERIES.items():
+        try:
+            view.values[key] = client.query(expr)
+        except PromError as error:
+            view.error = str(error)
     return view
 
 
-def run(args: argparse.Namespace) -> int:
-    config = cfg.load(overrides={"backend": "sim", "sim.gpus": args.gpus, "sim.model": args.model,
-                                 "interval": 1, "node": "demo-node-0"})
-    console = Console(stderr=True)
-    agent = build_agent(config)
-    agent.collect_once()
-    host, port = agent.serve("127.0.0.1", 0)
-    import threading
+def render(view: View, pages: list[dict], elapsed: float, prometheus_url: str) -> Group:
+    def scalar(key: str) -> float | None:
+        samples = view.values.get(key) or []
+        return samples[0].value if samples else None
 
-    stop = threading.Event()
-    collector = threading.Thread(target=agent.run, args=(config.interval, stop), daemon=True)
-    collector.start()
-    prometheus = Prometheus([scrape_job("flopwatch", [f"{host}:{port}"])])
-    try:
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    head = Table.grid(padding=(0, 3))
+    head.add_row(f"[b]fleet MFU[/b] {pct(scalar('fleet_mfu'))}", f"[b]cluster MFU[/b] {pct(scalar('cluster_mfu'))}",
+                 f"[b]GPUs busy[/b] {scalar('gpus_busy') or 0:.0f} / {scalar('gpus_total') or 0:.0f}",
+                 f"[b]allocated[/b] {scalar('gpus_allocated') or 0:.0f}", f"t={elapsed:.0f}s")
+    jobs = Table(title="jobs", expand=True)
+    for column in ("job", "MFU", "step time"):
+        jobs.add_column(column)
+    steps = {s.labels.get("job_id"): s.value for s in view.values.get("job_step", [])}
+    for sample in sorted(view.values.get("job_mfu", []), key=lambda s: s.labels.get("job_id", "")):
+        job = sample.labels.get("job_id", "?")
+        jobs.add_row(job, pct(sample.value), f"{steps[job]:.2f}s" if job in steps else "-")
+    stragglers = Table(title="stragglers (compute per step vs job median)", expand=True)
+    for column in ("job", "node", "gpu", "rank", "slower by", "telemetry"):
+        stragglers.add_column(column)
+    throttled = {(s.labels.get("node"), s.labels.get("gpu")): s.labels.get("reason")
+                 for s in view.values.get("throttled", [])}
+    for sample in sorted(view.values.get("stragglers", []), key=lambda s: -s.value)[:8]:
+        labels = sample.labels
+        reason = throttled.get((labels.get("node"), labels.get("gpu")), "")
+        stragglers.add_row(labels.get("job_id", ""), labels.get("node", ""), labels.get("gpu", ""),
+                           labels.get("rank", ""), f"{100 * (sample.value - 1):.1f}%",
+                           f"clock event: {reason}" if reason else "")
+    paged = Table(title="pages received by the webhook", expand=True)
+    for column in ("alert", "severity", "summary"):
+        paged.add_column(column)
+    for alert in pages[-6:]:
+        labels, notes = alert.get("labels", {}), alert.get("annotations", {})
+        paged.add_row(labels.get("alertname", ""), labels.get("severity", ""), notes.get("summary", ""))
+    notes = [f"Prometheus {prometheus_url}"]
+    if view.injected:
+        notes.append(f"[yellow]injected: {view.injected}[/yellow]")
+    if view.error:
+        notes.append(f"[red]{view.error}[/red]")
+    return Group(Panel(head, title="FlopWatch demo"), jobs, stragglers, paged, "  ".join(notes))
+
+
+def alertmanager_config(webhook_url: str) -> dict:
+    return {
+        "route": {"receiver": "webhook", "group_by": ["alertname", "job_id", "node"], "group_wait": "1s",
+                  "group_interval": "5s", "repeat_interval": "1h"},
+        "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+    }
+
+
+def rule_files() -> list[Path]:
+    return sorted(p for p in ALERTS_DIR.glob("*.yml") if p.name != "alertmanager.yml") if ALERTS_DIR.is_dir() else []
+
+
+def run(args: argparse.Namespace) -> int:
+    from flopwatch.commands.sim import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    if args.nodes is not None:
+        if args.nodes < 2:
+            raise UsageError("--nodes: the demo needs at least 2 nodes")
         try:
-            prometheus.start()
-        except ServerError as error:
-            raise RuntimeFailure(str(error)) from None
-        client = PromClient(prometheus.url)
-        console.print(f"agent http://{host}:{port}/metrics, Prometheus {prometheus.url}")
-        deadline = time.monotonic() + args.duration if args.duration > 0 else float("inf")
-        with Live(console=console, refresh_per_second=1) as live:
-            while time.monotonic() < deadline:
-                try:
-                    live.update(table(client, args.gpus))
-                except PromError as error:
-                    raise RuntimeFailure(str(error)) from None
-                time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-        console.print("demo finished: everything stopped.")
+            scenario = _resize(scenario, args.nodes)
+        except ScenarioError as error:
+            raise UsageError(str(error)) from None
+    console = Console(stderr=True)
+    inject_after = args.inject_after
+    if args.duration > 0 and inject_after > args.duration / 3:
+        inject_after = args.duration / 3
+    fleet = Fleet(scenario, start_unix=time.time())
+    server = FleetServer(fleet)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    workdir = Path(tempfile.mkdtemp(prefix="flopwatch-demo-"))
+    webhook = WebhookReceiver().start()
+    alertmanager = Alertmanager(alertmanager_config(webhook.url))
+    prometheus: Prometheus | None = None
+    ticker = threading.Thread(target=server.run, args=(0, stop), name="fleet", daemon=True)
+    try:
+        server.start()
+        file_sd = server.write_file_sd(workdir / "targets.json")
+        alertmanager.start()
+        prometheus = Prometheus(
+            [{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(file_sd)]}]}],
+            rule_files=rule_files(), alertmanagers=[alertmanager.url],
+            scrape_interval=f"{scenario.scrape_interval:g}s", evaluation_interval=f"{scenario.scrape_interval:g}s",
+        ).start()
+        ticker.start()
+        client = PromClient(prometheus.url, timeout=10)
+        console.print(f"{len(fleet.nodes)} simulated nodes, Prometheus {prometheus.url}, Alertmanager "
+                      f"{alertmanager.url}; Ctrl-C stops everything")
+        started = time.monotonic()
+        deadline = started + args.duration if args.duration > 0 else float("inf")
+        injected = ""
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            while not stop.is_set() and time.monotonic() < deadline:
+                elapsed = time.monotonic() - started
+                if not injected and inject_after >= 0 and elapsed >= inject_after:
+                    injected = _inject(server, fleet)
+                view = poll(client)
+                view.injected = injected
+                live.update(render(view, webhook.firing(), elapsed, prometheus.url))
+                stop.wait(min(2.0, max(0.0, deadline - time.monotonic())))
+        _summary(console, client, webhook, injected)
         return 0
+    except ServerError as error:
+        raise RuntimeFailure(str(error)) from None
     finally:
         stop.set()
-        collector.join(timeout=5)
-        prometheus.stop()
-        if agent.http is not None:
-            agent.http.stop()
-        agent.close()
+        if ticker.is_alive():
+            ticker.join(timeout=30)
+        if prometheus is not None:
+            prometheus.stop()
+        alertmanager.stop()
+        webhook.stop()
+        server.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _inject(server: FleetServer, fleet: Fleet) -> str:
+    """A thermal straggler on the first job's fourth node (or its last), GPU 5."""
+    spec = fleet.scenario.jobs[0]
+    node = spec.nodes[min(3, len(spec.nodes) - 1)]
+    gpu = min(5, fleet.scenario.fleet.gpus_per_node - 1)
+    with server.lock:
+        fleet.inject("thermal_throttle", node, gpu=gpu, duration=3600, slowdown=0.08)
+    return f"thermal_throttle on {node_name(node)} GPU {gpu} (job {spec.id}), 8% slower"
+
+
+def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, injected: str) -> None:
+    try:
+        mfu = {s.labels.get("job_id"): s.value for s in client.query(QUERIES["job_mfu"])}
+    except PromError:
+        mfu = {}
+    console.print("[b]demo summary[/b]")
+    for job, value in sorted(mfu.items()):
+        console.print(f"  job {job}: MFU {100 * value:.1f}%")
+    if injected:
+        console.print(f"  injected {injected}")
+    pages = webhook.firing()
+    console.print(f"  pages received: {len(pages)}"
+                  + ("" if rule_files() else " (no alert rules in alerts/ yet)"))
+    for alert in pages[-5:]:
+        console.print(f"    {alert['labels'].get('alertname')}: {alert.get('annotations', {}).get('summary', '')}")
+    console.print("everything stopped.")
+
+
+def _resize(scenario: Scenario, nodes: int) -> Scenario:
+    """The demo fleet with `nodes` nodes: jobs keep their shape, clipped to the fleet."""
+    jobs = []
+    for job in scenario.jobs:
+        kept = [n for n in job.nodes if n < nodes]
+        if kept:
+            jobs.append(replace(job, nodes=kept))
+    if not jobs:
+        raise ScenarioError(f"--nodes {nodes}: no job fits on so few nodes")
+    return replace(scenario, fleet=replace(scenario.fleet, nodes=nodes), jobs=jobs,
+                   faults=[f for f in scenario.faults if f.node < nodes])
