@@ -135,8 +135,10 @@ def test_flopwatch_job_id_wins_over_slurm(tmp_path):
 def test_real_process_environment_from_proc():
     """A real child process with Slurm variables, read through the real /proc."""
     env = {**os.environ, "SLURM_JOB_ID": "777001", "SLURM_JOB_USER": "erin"}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                             env=env, stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline() == "ready\n"  # exec'd: /proc shows its own environment now
         collector = AttributionCollector("n1", lambda: [GpuProcesses(5, None, (child.pid,))])
         assert collector.update() == 0
         assert info_series(collector) == {("5", "777001", "erin")}

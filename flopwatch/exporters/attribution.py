@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ NO_RUN_ID = "none"  # torchrun's default rendezvous id: names no job
 MAX_JOB_ID = 256
 USERS_DIR = "users"
 BROKEN_REASONS = frozenset({"unreadable", "unreachable"})
+#: The variables we look for in an environ block (NUL-separated NAME=value), matched in C.
+_WANTED = re.compile(rb"(?:^|\0)(" + b"|".join(n.encode() for n in JOB_VARIABLES + USER_VARIABLES) + rb")=([^\0]*)")
 
 
 @dataclass(frozen=True)
@@ -152,21 +155,15 @@ class ProcessEnvironment:
         except OSError:
             skipped[(self.source, "unreadable")] += 1
             return None
-        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-        job_id = ""
-        for name in JOB_VARIABLES:
-            value = env.get(name.encode(), b"").decode("utf-8", "replace").strip()
-            if value and value != NO_RUN_ID:
-                job_id = value
-                break
+        env = {key.decode(): value.decode("utf-8", "replace").strip() for key, value in _WANTED.findall(raw)}
+        job_id = next((env[name] for name in JOB_VARIABLES if env.get(name) not in (None, "", NO_RUN_ID)), "")
         if not job_id:
             skipped[(self.source, "no_job_variable")] += 1
             return None
         if len(job_id) > MAX_JOB_ID:
             skipped[(self.source, "bad_job_id")] += 1
             return None
-        user = next((env[name.encode()].decode("utf-8", "replace") for name in USER_VARIABLES
-                     if env.get(name.encode())), "")
+        user = next((env[name] for name in USER_VARIABLES if env.get(name)), "")
         return JobClaim(job_id, user or self._owner(base))
 
     def _owner(self, base: str) -> str:

@@ -36,6 +36,7 @@ NET_STATISTICS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors
 NOT_AVAILABLE = "N/A"
 GBIT_TO_BYTES = 125_000_000
 MBIT_TO_BYTES = 125_000
+READ_SIZE = 4096  # every sysfs attribute fits in one page
 
 
 @dataclass
@@ -85,8 +86,12 @@ class Unavailable(Exception):
 
 
 def read_text(path: str) -> str:
-    with open(path, "rb") as handle:
-        return handle.read().decode("ascii", "replace").strip()
+    """One small sysfs file, stripped. os.open/os.read: a buffered file object costs 2x more."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, READ_SIZE).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 def read_counter(path: str) -> float:
