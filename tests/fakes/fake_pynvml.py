@@ -333,11 +333,18 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
         values = (real.c_nvmlFieldValue_t * len(field_ids))()
+        ull, uint = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, real.NVML_VALUE_TYPE_UNSIGNED_INT
+        device = {
+            real.NVML_FI_DEV_MEMORY_TEMP: (uint, gpu.memory_temperature_c),
+            real.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (ull, gpu.pcie_replays),
+            real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (ull, gpu.pcie_tx_bytes),
+            real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (ull, gpu.pcie_rx_bytes),
+        }
         for slot, requested in enumerate(field_ids):
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             entry = values[slot]
             entry.fieldId, entry.scopeId = field_id, scope
-            code, value_type, value = self._field(gpu, field_id, scope)
+            code, value_type, value = self._field(gpu, device, field_id, scope)
             entry.nvmlReturn = code
             if code == real.NVML_SUCCESS:
                 entry.valueType = value_type
@@ -348,16 +355,11 @@ class FakeNvml:
         return values
 
     @staticmethod
-    def _field(gpu: FakeGpu, field_id: int, scope: int) -> tuple[int, int, int]:
+    def _field(gpu: FakeGpu, device: dict[int, tuple[int, int | None]], field_id: int,
+               scope: int) -> tuple[int, int, int]:
         if (field_id, scope) in gpu.field_errors:
             return gpu.field_errors[(field_id, scope)], 0, 0
-        ull, uint = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, real.NVML_VALUE_TYPE_UNSIGNED_INT
-        device = {
-            real.NVML_FI_DEV_MEMORY_TEMP: (uint, gpu.memory_temperature_c),
-            real.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (ull, gpu.pcie_replays),
-            real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (ull, gpu.pcie_tx_bytes),
-            real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (ull, gpu.pcie_rx_bytes),
-        }
+        ull = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
         if field_id in device:
             value_type, value = device[field_id]
             if value is None:

@@ -5,7 +5,7 @@ KiB -> bytes. What a device does not support (`NVMLError_NotSupported` and frien
 and its series is absent, never 0. Errors that mean the GPU as a whole is gone (GPU_IS_LOST,
 driver unloaded, UNKNOWN) raise `GpuReadError`, and the collector marks only that GPU down.
 
-Cost per GPU and cycle: about 20 cheap NVML calls plus ONE `nvmlDeviceGetFieldValues` call that
+Cost per GPU and cycle: 24 cheap NVML calls, ONE of them `nvmlDeviceGetFieldValues`, which
 batches memory temperature, PCIe replay/tx/rx counters and every NVLink counter. The blocking
 `nvmlDeviceGetPcieThroughput` (a 20 ms sample) is never called. GPM (Hopper and newer) keeps the
 previous sample per GPU and reports SM/tensor/DRAM activity over the interval between cycles.
@@ -16,6 +16,7 @@ tests use to substitute a fake NVML that raises the library's own error classes.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import threading
@@ -35,6 +36,10 @@ from flopwatch.exporters.gpu.reading import (
 from flopwatch.exporters.gpu.xid import XidWatcher
 
 log = logging.getLogger(__name__)
+
+#: reads a ctypes field without pynvml's Python-level __getattribute__ (which only decodes bytes):
+#: halves the cost of decoding the ~100 entries of a GPU's field-value batch
+_struct_get = ctypes.Structure.__getattribute__
 
 MHZ = 1e6
 KIB = 1024
@@ -171,6 +176,8 @@ class NvmlBackend(GpuBackend):
         self._reinit_lock = threading.Lock()
         self._noted: set[tuple[int, str, int]] = set()
         self._fatal: dict[int, str] = {}
+        self._field_id: dict[str, int] = {}      # DEVICE_FIELDS / NVLINK_FIELDS kind -> NVML field id
+        self._members: dict[int, str] = {}       # field value type -> c_nvmlValue_t member
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -184,6 +191,8 @@ class NvmlBackend(GpuBackend):
             raise BackendUnavailable(init_failure(nvml, error)) from None
         self._started = True
         self._fatal = {getattr(nvml, name): cause for name, cause in FATAL_ERRORS.items()}
+        self._field_id = {kind: getattr(nvml, name) for kind, name in {**DEVICE_FIELDS, **NVLINK_FIELDS}.items()}
+        self._members = {getattr(nvml, name): member for name, member in VALUE_MEMBERS.items()}
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except nvml.NVMLError as error:
@@ -314,10 +323,9 @@ class NvmlBackend(GpuBackend):
         return tuple(links)
 
     def _field_ids(self, links: tuple[int, ...]) -> list[tuple[int, int]]:
-        nvml = self.nvml
-        ids = [(getattr(nvml, name), 0) for name in DEVICE_FIELDS.values()]
+        ids = [(self._field_id[kind], 0) for kind in DEVICE_FIELDS]
         for link in links:
-            ids.extend((getattr(nvml, name), link) for name in NVLINK_FIELDS.values())
+            ids.extend((self._field_id[kind], link) for kind in NVLINK_FIELDS)
         return ids
 
     def _open_gpm(self, device: _Device) -> None:
@@ -373,7 +381,7 @@ class NvmlBackend(GpuBackend):
             power_limit_watts=scaled(get("nvmlDeviceGetEnforcedPowerLimit"), 1e-3),
             energy_joules=scaled(get("nvmlDeviceGetTotalEnergyConsumption"), 1e-3),
             temperature_c=get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU),
-            memory_temperature_c=fields.get((nvml.NVML_FI_DEV_MEMORY_TEMP, 0)),
+            memory_temperature_c=fields.get((self._field_id["memory_temperature"], 0)),
             memory_used_bytes=None if memory is None else float(memory.used),
             memory_total_bytes=None if memory is None else float(memory.total),
             clock_events=None if reasons is None else {r: bool(reasons & bit) for r, bit in device.reasons.items()},
@@ -382,9 +390,9 @@ class NvmlBackend(GpuBackend):
             pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
             pcie_max_generation=device.pcie_max_generation,
             pcie_max_width=device.pcie_max_width,
-            pcie_replays=fields.get((nvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0)),
-            pcie_tx_bytes=fields.get((nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)),
-            pcie_rx_bytes=fields.get((nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)),
+            pcie_replays=fields.get((self._field_id["pcie_replays"], 0)),
+            pcie_tx_bytes=fields.get((self._field_id["pcie_tx"], 0)),
+            pcie_rx_bytes=fields.get((self._field_id["pcie_rx"], 0)),
             nvlinks=self._nvlinks(device, fields),
             ecc_corrected=get("nvmlDeviceGetTotalEccErrors", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
                               nvml.NVML_VOLATILE_ECC),
@@ -427,24 +435,23 @@ class NvmlBackend(GpuBackend):
 
     def _field_values(self, device: _Device) -> dict[tuple[int, int], float]:
         """All field ids of the GPU in ONE call; each entry's own nvmlReturn decides if it counts."""
-        nvml = self.nvml
         values = self._get(device, "nvmlDeviceGetFieldValues", device.field_ids)
         if values is None:
             return {}
-        members = {getattr(nvml, name): member for name, member in VALUE_MEMBERS.items()}
+        success, members = self.nvml.NVML_SUCCESS, self._members
         result: dict[tuple[int, int], float] = {}
         for key, value in zip(device.field_ids, values, strict=False):
-            if value.nvmlReturn != nvml.NVML_SUCCESS:
-                self._note(device, f"field {key[0]} scope {key[1]}", value.nvmlReturn, f"nvmlReturn {value.nvmlReturn}")
+            code = _struct_get(value, "nvmlReturn")
+            if code != success:
+                self._note(device, f"field {key[0]} scope {key[1]}", code, f"nvmlReturn {code}")
                 continue
-            member = members.get(value.valueType)
+            member = members.get(_struct_get(value, "valueType"))
             if member is not None:
-                result[key] = float(getattr(value.value, member))
+                result[key] = float(getattr(_struct_get(value, "value"), member))
         return result
 
     def _nvlinks(self, device: _Device, fields: dict[tuple[int, int], float]) -> list[NvLinkReading]:
-        nvml = self.nvml
-        ids = {kind: getattr(nvml, name) for kind, name in NVLINK_FIELDS.items()}
+        ids = self._field_id
         per_link = []
         for link in device.links:
             tx, rx = fields.get((ids["tx"], link)), fields.get((ids["rx"], link))
