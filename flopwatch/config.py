@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from flopwatch.hardware import DTYPES, known_names, model_by_name
+from flopwatch.train.wire import default_socket_path
 
 #: Virtual Ethernet interfaces that carry no training traffic of their own (nic.net_exclude).
 DEFAULT_NET_EXCLUDE = r"lo|veth.*|docker.*|br-.*|virbr.*|cali.*|flannel.*|cni.*|lxc.*|tap.*|tun.*"
@@ -155,6 +156,14 @@ FIELDS: dict[str, Field] = {
     "sim.gpus": Field(_integer(1, 64), 8, "GPUs on the simulated node, 1 to 64"),
     "sim.model": Field(_gpu_model, "H100-SXM", f"one of {', '.join(known_names())}"),
     "sim.seed": Field(_integer(0, 2**32 - 1), 0, "an integer seed"),
+    "train.socket": Field(_optional(_text), None,
+                          "a Unix socket path (default /run/flopwatch/steps.sock, or a per-user path "
+                          "when that directory is not writable)"),
+    "train.socket_group": Field(_optional(_text), None, "a group name or id allowed to send step events"),
+    "train.max_jobs": Field(_integer(1, 10_000), 64, "training jobs tracked at once, 1 to 10000"),
+    "train.max_ranks": Field(_integer(1, 100_000), 1024, "ranks tracked at once on this node, 1 to 100000"),
+    "train.expiry": Field(_number(10, 86_400), 300.0,
+                          "seconds after a rank's last event before its series go, 10 to 86400"),
     "nic.sysfs_root": Field(_text, "/sys", "the sysfs root holding class/infiniband and class/net, e.g. /sys"),
     "nic.net_exclude": Field(_regex, DEFAULT_NET_EXCLUDE,
                              "a regular expression of Ethernet interface names to skip (full match)"),
@@ -173,6 +182,7 @@ FIELDS: dict[str, Field] = {
     "collectors.nic": Field(_boolean, True, "true or false (InfiniBand, RoCE and Ethernet from sysfs)"),
     "collectors.host": Field(_boolean, True, "true or false (CPU per NUMA node, memory, PSI)"),
     "collectors.attribution": Field(_boolean, True, "true or false (flopwatch_gpu_job_info)"),
+    "collectors.train": Field(_boolean, False, "true or false (the training-step intake socket)"),
 }
 
 
@@ -190,6 +200,15 @@ class SimOptions:
     gpus: int
     model: str
     seed: int
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    socket: str
+    socket_group: str | None
+    max_jobs: int
+    max_ranks: int
+    expiry: float
 
 
 @dataclass(frozen=True)
@@ -225,6 +244,7 @@ class AgentConfig:
     nic: NicOptions = NicOptions()
     host: HostOptions = HostOptions()
     attribution: AttributionOptions = AttributionOptions()
+    train: TrainOptions = TrainOptions(default_socket_path(), None, 64, 1024, 300.0)
 
     @property
     def values(self) -> dict[str, Any]:
@@ -318,6 +338,8 @@ def load(
         nic=NicOptions(**_section(parsed, "nic")),
         host=HostOptions(**_section(parsed, "host")),
         attribution=AttributionOptions(**_section(parsed, "attribution")),
+        train=TrainOptions(**{**_section(parsed, "train"),
+                              "socket": parsed["train.socket"] or default_socket_path(environ)}),
     )
 
 

@@ -1,1 +1,77 @@
-"""Metrics of the train collector (filled in by its capability)."""
+"""Training-step telemetry: what only the training process knows, received by the agent's intake.
+
+Per (job_id, rank) counters come straight from the client's own running totals (carried in every
+datagram), so a lost datagram loses no steps, tokens or FLOPs; a restarted training process shows
+up as an ordinary counter reset. `gpu` is the rank's GPU index on this node (from the process's
+CUDA device or its local_rank) so rules can join to GPU series on (node, gpu); it is empty where
+unknown. The fleet simulator emits exactly these series for simulated jobs.
+
+MFU per job = sum(rate(flopwatch_train_model_flops_total)) / sum(GPUs x peak dense FLOP/s).
+The straggler is the rank with the most `compute` (or the least `comm`) phase seconds per step.
+"""
+
+from flopwatch.catalog import Metric
+from flopwatch.train.wire import STEP_BUCKETS  # clients keep the histogram, so the wire owns buckets
+
+RANK = ("job_id", "rank", "gpu")
+
+STEPS = Metric(
+    "flopwatch_train_steps_total", "counter", "",
+    "Training steps completed by this rank (the client's running count).", RANK,
+)
+TOKENS = Metric(
+    "flopwatch_train_tokens_total", "counter", "",
+    "Tokens processed by this rank's steps (tokens_per_step as the client declared it).", RANK,
+)
+MODEL_FLOPS = Metric(
+    "flopwatch_train_model_flops_total", "counter", "",
+    "Model FLOPs of this rank's steps (6N + 12·L·H·Q·T per token, or measured once with "
+    "FlopCounterMode); recomputation excluded. The MFU numerator.", RANK,
+)
+HARDWARE_FLOPS = Metric(
+    "flopwatch_train_hardware_flops_total", "counter", "",
+    "FLOPs the hardware executed for this rank's steps, activation recomputation included. The HFU "
+    "numerator; equals model FLOPs when nothing is recomputed.", RANK,
+)
+PHASE_SECONDS = Metric(
+    "flopwatch_train_phase_seconds_total", "counter", "seconds",
+    "Wall time of this rank's steps by phase: data, compute (forward and backward up to the "
+    "gradient collective), comm (waiting in the collective), optimizer, other (the untimed rest). "
+    "The phases of a step add up to its step time.", (*RANK, "phase"),
+)
+CHECKPOINT_SECONDS = Metric(
+    "flopwatch_train_checkpoint_seconds_total", "counter", "seconds",
+    "Time this rank spent saving or restoring checkpoints, by kind (save, restore).", (*RANK, "kind"),
+)
+LAST_STEP = Metric(
+    "flopwatch_train_last_step_timestamp_seconds", "gauge", "seconds",
+    "Unix time the agent received this rank's last completed step (a hang shows as a growing age).",
+    RANK,
+)
+STEP_SECONDS = Metric(
+    "flopwatch_train_step_seconds", "histogram", "seconds",
+    "Step wall time per job on this node, from the histograms the ranks keep themselves (lossless); "
+    "every rank observes each of its steps, so the count is steps x ranks.", ("job_id",),
+    buckets=STEP_BUCKETS,
+)
+FLOPS_PER_STEP = Metric(
+    "flopwatch_train_model_flops_per_step", "gauge", "",
+    "Model FLOPs of one step of this rank by method: analytic (6N + 12·L·H·Q·T) and measured "
+    "(torch FlopCounterMode), side by side when the client has both.", ("job_id", "rank", "method"),
+)
+CLIENT_DROPPED = Metric(
+    "flopwatch_train_client_dropped_events_total", "counter", "",
+    "Datagrams the training client could not hand to the agent (agent down, socket missing, queue "
+    "full), as reported by the client in a later datagram. Totals stay exact: every datagram "
+    "carries running counts.", ("job_id", "rank"),
+)
+EVENTS_ACCEPTED = Metric(
+    "flopwatch_train_events_accepted_total", "counter", "",
+    "Datagrams from training clients that the intake accepted.",
+)
+EVENTS_REJECTED = Metric(
+    "flopwatch_train_events_rejected_total", "counter", "",
+    "Datagrams the intake refused, by reason: truncated, oversized, version, malformed, "
+    "unknown_phase, bad_job_id, bad_rank, bad_value, non_monotonic, too_many_jobs, too_many_ranks, "
+    "rate_limited.", ("reason",),
+)

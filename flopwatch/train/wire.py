@@ -1,0 +1,233 @@
+"""The step-telemetry datagram: the one definition shared by the training client and the agent intake.
+
+A client sends a datagram over a Unix datagram socket after a step (at most one per `min_interval`,
+so very fast loops coalesce) and after a checkpoint. Every datagram carries the rank's *running
+totals* — steps, tokens, FLOPs, phase seconds and its own step-time histogram — never increments:
+a datagram lost while the agent restarts or its queue is full costs nothing but freshness, and a
+restarted training process (a new `instance`) is an ordinary counter reset.
+
+Layout, little-endian, version 1: a fixed part of 172 bytes, the phase totals, the two gauges,
+then the job id.
+
+    B version         1
+    B flags           reserved, 0
+    B phase_mask      bit i set: PHASES[i] is among the phase totals (data, compute, comm, optimizer, other)
+    B job_len         1..64 bytes of job_id (printable ASCII, no quote or backslash)
+    I rank            0..MAX_RANK
+    h local_rank      -1 when unknown
+    h gpu             GPU index on this node as NVML numbers it, -1 when unknown
+    I instance        random per client process
+    Q steps           running totals from here to the phase totals
+    Q dropped         datagrams this client could not send so far
+    23 x I            steps per step-time bucket: STEP_BUCKETS then +Inf (not cumulative; sum = steps)
+    d tokens, model_flops, hardware_flops, step_seconds, checkpoint_save_seconds,
+      checkpoint_restore_seconds
+    popcount(phase_mask) x d   phase seconds totals, in PHASES order
+    d analytic_flops_per_step, measured_flops_per_step   (fixed per client process; 0: not known)
+    job_len bytes     job_id
+
+So that the intake's hot path is two slices of one unpacked tuple, the running totals are
+contiguous and so are the floats (tokens to the gauges), which must be finite and not negative.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from collections.abc import Container, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VERSION = 1
+KNOWN_FLAGS = 0
+
+PHASES: tuple[str, ...] = ("data", "compute", "comm", "optimizer", "other")
+PHASE_INDEX: dict[str, int] = {name: i for i, name in enumerate(PHASES)}
+ALL_PHASES_MASK = (1 << len(PHASES)) - 1
+CHECKPOINT_KINDS: tuple[str, ...] = ("save", "restore")
+
+#: Upper bounds of the step-time histogram buckets (seconds), 10 ms to 10 min; +Inf follows.
+STEP_BUCKETS: tuple[float, ...] = (
+    0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0,
+    30.0, 60.0, 120.0, 300.0, 600.0,
+)
+N_BUCKETS = len(STEP_BUCKETS) + 1
+
+MAX_JOB_ID = 64
+MAX_RANK = 1 << 20
+
+#: Who sends (16 bytes); the running totals before the phases (156 bytes); the gauges (16 bytes).
+HEAD = struct.Struct("<BBBBIhhI")
+TOTALS = struct.Struct(f"<QQ{N_BUCKETS}I6d")
+GAUGES = struct.Struct("<2d")
+#: Indices into an unpacked record (phases always at full length, as split() returns it).
+I_FLAGS, I_MASK, I_JOB_LEN, I_RANK, I_LOCAL_RANK, I_GPU, I_INSTANCE = 1, 2, 3, 4, 5, 6, 7
+I_TOTALS = I_STEPS = 8
+I_DROPPED, I_BUCKETS = 9, 10
+I_TOKENS = I_BUCKETS + N_BUCKETS
+I_MODEL, I_HARDWARE, I_STEP_SECONDS, I_SAVE, I_RESTORE = range(I_TOKENS + 1, I_TOKENS + 6)
+I_PHASES = I_RESTORE + 1
+I_ANALYTIC = I_END_TOTALS = I_PHASES + len(PHASES)   # record[I_TOTALS:I_END_TOTALS]: running totals
+I_MEASURED = I_ANALYTIC + 1
+#: The whole record's struct (everything but the job id) by phase mask.
+RECORD_STRUCTS: tuple[struct.Struct, ...] = tuple(
+    struct.Struct(HEAD.format + TOTALS.format[1:] + "d" * bin(mask).count("1") + GAUGES.format[1:])
+    for mask in range(ALL_PHASES_MASK + 1)
+)
+MAX_DATAGRAM = RECORD_STRUCTS[ALL_PHASES_MASK].size + MAX_JOB_ID   # 292 bytes
+
+DEFAULT_SOCKET = "/run/flopwatch/steps.sock"
+SOCKET_ENV = "FLOPWATCH_SOCKET"
+
+
+class WireError(ValueError):
+    """A datagram that cannot be accepted; `reason` is the label of the rejected counter."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A datagram in readable form (tests, tools, the simulator; the client packs in place)."""
+
+    job_id: str
+    rank: int
+    local_rank: int = -1
+    gpu: int = -1
+    instance: int = 0
+    analytic_flops_per_step: float = 0.0
+    measured_flops_per_step: float = 0.0
+    steps: int = 0
+    tokens: float = 0.0
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    step_seconds: float = 0.0
+    checkpoint_save_seconds: float = 0.0
+    checkpoint_restore_seconds: float = 0.0
+    dropped: int = 0
+    buckets: tuple[int, ...] = ()
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def encode(record: StepRecord) -> bytes:
+    """The datagram for `record`; missing bucket counts put every step in the +Inf bucket."""
+    job = record.job_id.encode()
+    mask = 0
+    totals = []
+    for i, name in enumerate(PHASES):
+        if name in record.phases:
+            mask |= 1 << i
+            totals.append(record.phases[name])
+    buckets = record.buckets or (0,) * (N_BUCKETS - 1) + (record.steps,)
+    return RECORD_STRUCTS[mask].pack(
+        VERSION, 0, mask, len(job), record.rank, record.local_rank, record.gpu, record.instance,
+        record.steps, record.dropped, *buckets, record.tokens, record.model_flops, record.hardware_flops,
+        record.step_seconds, record.checkpoint_save_seconds, record.checkpoint_restore_seconds, *totals,
+        record.analytic_flops_per_step, record.measured_flops_per_step,
+    ) + job
+
+
+def decode(data: bytes) -> StepRecord:
+    """Parse and validate one datagram into a StepRecord; raises WireError."""
+    record, job = split(data)
+    return StepRecord(
+        job.decode("ascii"), record[I_RANK], record[I_LOCAL_RANK], record[I_GPU], record[I_INSTANCE],
+        record[I_ANALYTIC], record[I_MEASURED], record[I_STEPS], record[I_TOKENS], record[I_MODEL],
+        record[I_HARDWARE], record[I_STEP_SECONDS], record[I_SAVE], record[I_RESTORE], record[I_DROPPED],
+        record[I_BUCKETS:I_TOKENS], dict(zip(PHASES, record[I_PHASES:I_ANALYTIC], strict=True)),
+    )
+
+
+_FULL = RECORD_STRUCTS[ALL_PHASES_MASK]
+_FULL_SIZE = _FULL.size
+_NO_JOBS: frozenset[bytes] = frozenset()
+
+
+def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple, bytes]:
+    """(record fields with all five phase totals, job_id bytes) of a valid datagram, else WireError.
+
+    A phase the mask leaves out reads as 0.0. Checks all that one datagram alone can show; the
+    intake checks the rest (monotonic totals, caps, rates). `trusted_jobs`: job ids already checked.
+    """
+    size = len(data)
+    if size <= _FULL_SIZE or size > MAX_DATAGRAM or data[0] != VERSION or data[2] != ALL_PHASES_MASK:
+        record = _odd_shape(data)               # partial phase masks and everything invalid
+    else:
+        record = _FULL.unpack_from(data)
+        if size != _FULL_SIZE + record[I_JOB_LEN]:
+            raise WireError("truncated" if size < _FULL_SIZE + record[I_JOB_LEN] else "malformed",
+                            f"{size} bytes, expected {_FULL_SIZE + record[I_JOB_LEN]}")
+    job = data[-record[I_JOB_LEN]:]
+    if job not in trusted_jobs:
+        check_job_id(job)
+    if record[I_FLAGS] & ~KNOWN_FLAGS:
+        raise WireError("malformed", f"unknown flags {record[I_FLAGS]:#x}")
+    if record[I_RANK] > MAX_RANK or record[I_LOCAL_RANK] < -1 or record[I_GPU] < -1:
+        raise WireError("bad_rank", f"rank {record[I_RANK]}, local_rank {record[I_LOCAL_RANK]}, "
+                        f"gpu {record[I_GPU]}")
+    floats = record[I_TOKENS:]
+    if not (sum(floats) < math.inf and min(floats) >= 0.0):   # NaN fails both comparisons
+        raise WireError("bad_value", "numbers must be finite and not negative")
+    if sum(record[I_BUCKETS:I_TOKENS]) != record[I_STEPS]:
+        raise WireError("malformed", "bucket counts do not add up to the step count")
+    return record, job
+
+
+def _odd_shape(data: bytes) -> tuple:
+    """Parse a datagram off the fast path: a partial phase mask, or say what is wrong with it."""
+    size = len(data)
+    if size > MAX_DATAGRAM:
+        raise WireError("oversized", f"{size} bytes, at most {MAX_DATAGRAM}")
+    if size == 0:
+        raise WireError("truncated", "empty datagram")
+    if data[0] != VERSION:
+        raise WireError("version", f"version {data[0]}, this agent reads {VERSION}")
+    if size < 3:
+        raise WireError("truncated", f"{size} bytes")
+    mask = data[2]
+    if mask > ALL_PHASES_MASK:
+        raise WireError("unknown_phase", f"phase mask {mask:#x}")
+    struct_ = RECORD_STRUCTS[mask]
+    if size < struct_.size:
+        raise WireError("truncated", f"{size} bytes, the fixed part and phases alone are {struct_.size}")
+    record = struct_.unpack_from(data)
+    if size != struct_.size + record[I_JOB_LEN] or record[I_JOB_LEN] == 0:
+        raise WireError("truncated" if size < struct_.size + record[I_JOB_LEN] else "malformed",
+                        f"{size} bytes, expected {struct_.size + record[I_JOB_LEN]}")
+    phases = iter(record[I_PHASES:-2])
+    return record[:I_PHASES] + tuple(next(phases) if mask >> i & 1 else 0.0 for i in range(len(PHASES))) \
+        + record[-2:]
+
+
+def check_job_id(job: bytes) -> None:
+    if not 0 < len(job) <= MAX_JOB_ID or not job.isascii() or not job.decode("ascii").isprintable() \
+            or b'"' in job or b"\\" in job:
+        raise WireError("bad_job_id", f"job_id must be 1..{MAX_JOB_ID} printable ASCII characters")
+
+
+def socket_candidates(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Where an agent listens, most specific first: $FLOPWATCH_SOCKET, else the defaults."""
+    env = os.environ if environ is None else environ
+    if env.get(SOCKET_ENV):
+        return [env[SOCKET_ENV]]
+    return [DEFAULT_SOCKET, user_socket_path(env)]
+
+
+def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
+    """Where an agent binds by default: /run/flopwatch when it may write there, else a per-user path."""
+    directory = Path(DEFAULT_SOCKET).parent
+    if os.geteuid() == 0 or (directory.is_dir() and os.access(directory, os.W_OK | os.X_OK)):
+        return DEFAULT_SOCKET
+    return user_socket_path(environ)
+
+
+def user_socket_path(environ: Mapping[str, str] | None = None) -> str:
+    """The socket of an agent that is not root: $XDG_RUNTIME_DIR/flopwatch, else /tmp/flopwatch-UID."""
+    env = os.environ if environ is None else environ
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return str(Path(runtime) / "flopwatch" / "steps.sock")
+    return f"/tmp/flopwatch-{os.getuid()}/steps.sock"

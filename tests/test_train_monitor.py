@@ -1,0 +1,286 @@
+"""StepMonitor against a real Unix datagram socket standing in for the agent (no agent code here)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import tracemalloc
+
+import pytest
+
+from flopwatch.train import DecoderShape, StepMonitor, account, monitor, wire
+from flopwatch.train.monitor import resolve_gpu
+
+ENV = {"FLOPWATCH_JOB_ID": "job-1", "RANK": "2", "LOCAL_RANK": "1"}
+
+
+@pytest.fixture
+def agent_socket(tmp_path):
+    """A bound datagram socket where the agent would be; yields (path, receive-all function)."""
+    path = str(tmp_path / "steps.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.setblocking(False)
+
+    def received() -> list[wire.StepRecord]:
+        out = []
+        while True:
+            try:
+                out.append(wire.decode(server.recv(4096)))
+            except BlockingIOError:
+                return out
+
+    yield path, received
+    server.close()
+
+
+def _monitor(path: str, **options) -> StepMonitor:
+    options.setdefault("min_interval", 0)
+    options.setdefault("environ", ENV)
+    return StepMonitor(options.pop("flops", 1e12), options.pop("tokens", 4096), socket_path=path, **options)
+
+
+def test_steps_send_running_totals_and_phases_add_up(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path)
+    for _ in range(3):
+        with mon.step():
+            with mon.phase("data"):
+                time.sleep(0.003)
+            with mon.phase("compute"):
+                time.sleep(0.006)
+            time.sleep(0.004)                        # untimed: counts as other
+            with mon.phase("comm"):
+                pass
+            with mon.phase("optimizer"):
+                pass
+    records = received()
+    assert [r.steps for r in records] == [1, 2, 3]
+    last = records[-1]
+    assert (last.job_id, last.rank, last.local_rank, last.gpu) == ("job-1", 2, 1, 1)
+    assert last.tokens == 3 * 4096 and last.model_flops == 3e12 == last.hardware_flops
+    assert last.phases["compute"] >= 3 * 0.006 and last.phases["other"] >= 3 * 0.004
+    assert sum(last.phases.values()) == pytest.approx(last.step_seconds, rel=1e-9)
+    assert sum(last.buckets) == 3 and last.buckets[0] == 0      # every step took over 13 ms
+    assert last.dropped == 0 and len({r.instance for r in records}) == 1
+
+
+def test_histogram_buckets_follow_step_seconds(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path)
+    for seconds in (0.005, 0.01, 0.4, 2.5, 1000.0):
+        mon.record_step(seconds, {"compute": seconds / 2})
+    buckets = received()[-1].buckets
+    expected = [0] * wire.N_BUCKETS
+    for index in (0, 0, wire.STEP_BUCKETS.index(0.5), wire.STEP_BUCKETS.index(3.0), wire.N_BUCKETS - 1):
+        expected[index] += 1
+    assert list(buckets) == expected
+
+
+def test_tokens_per_step_override_scales_flops(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path, flops=8e12, tokens=8000, hardware_flops_per_step=1e13)
+    with mon.step(tokens=2000):
+        pass
+    with mon.step():
+        pass
+    last = received()[-1]
+    assert last.tokens == 10000
+    assert last.model_flops == pytest.approx(2e12 + 8e12)
+    assert last.hardware_flops == pytest.approx(2.5e12 + 1e13)
+
+
+def test_flops_account_sends_both_counts(agent_socket):
+    path, received = agent_socket
+    shape = DecoderShape(params=1e9, layers=24, heads=16, head_dim=128, seq_len=2048)
+    mon = StepMonitor(account(4096, shape, measured_per_step=2.6e13, recompute="full"), socket_path=path,
+                      min_interval=0, environ=ENV)
+    with mon.step():
+        pass
+    record = received()[-1]
+    assert record.analytic_flops_per_step == shape.model_flops_per_token() * 4096
+    assert record.measured_flops_per_step == 2.6e13
+    assert record.model_flops == record.analytic_flops_per_step
+    assert record.hardware_flops == shape.hardware_flops_per_token("full") * 4096 > record.model_flops
+
+
+def test_checkpoints_by_seconds_and_by_context(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path)
+    mon.checkpoint(seconds=12.5, kind="save")
+    with mon.checkpoint(kind="restore"):
+        time.sleep(0.01)
+    records = received()
+    assert records[-1].checkpoint_save_seconds == 12.5
+    assert records[-1].checkpoint_restore_seconds >= 0.01
+    assert records[-1].steps == 0
+
+
+def test_bad_calls_warn_and_never_raise(agent_socket, caplog):
+    path, received = agent_socket
+    mon = _monitor(path)
+    with caplog.at_level(logging.WARNING, "flopwatch.train"):
+        assert mon.checkpoint(seconds=float("nan")) is None
+        assert mon.checkpoint(seconds=-3) is None
+        assert mon.checkpoint(seconds=1, kind="upload") is None
+        with mon.step(), mon.phase("forward"):          # unknown: its time stays in `other`
+            time.sleep(0.002)
+        mon.record_step(float("nan"), {"compute": -1.0, "bogus": 2.0})
+    assert "unknown phase 'forward'" in caplog.text and "checkpoint kind 'upload'" in caplog.text
+    last = received()[-1]
+    assert last.steps == 2 and last.phases["other"] >= 0.002 and last.checkpoint_save_seconds == 0
+    assert last.phases["compute"] == 0.0
+
+
+def test_an_exception_in_the_step_propagates_and_is_not_counted(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path)
+    with pytest.raises(RuntimeError, match="out of memory"), mon.step():
+        raise RuntimeError("out of memory")
+    with mon.step():
+        pass
+    assert received()[-1].steps == 1
+
+
+def test_agent_down_then_up_loop_runs_drops_are_counted_and_totals_catch_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(monitor, "RECONNECT_INTERVAL_S", 0.0)
+    path = str(tmp_path / "steps.sock")
+    mon = _monitor(path)
+    for _ in range(500):
+        with mon.step(), mon.phase("compute"):
+            pass
+    assert mon.dropped == 500 and mon.sent == 0
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    with mon.step():
+        pass
+    record = wire.decode(server.recv(4096))
+    assert record.steps == 501 and record.dropped == 500 and sum(record.buckets) == 501
+    server.close()
+    os.unlink(path)                                  # the agent goes away again (restart)
+    with mon.step():
+        pass
+    assert mon.dropped == 501
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    with mon.step():
+        pass
+    record = wire.decode(server.recv(4096))
+    assert record.steps == 503 and record.dropped == 501
+    server.close()
+
+
+def test_full_agent_queue_drops_instead_of_blocking(agent_socket):
+    path, _ = agent_socket                           # nobody reads: the kernel queue fills up
+    mon = _monitor(path)
+    for _ in range(2000):
+        with mon.step():
+            pass
+    assert mon.sent + mon.dropped == 2000
+    assert mon.dropped > 0 and mon.sent < 2000
+
+
+def test_memory_does_not_grow_while_the_agent_is_down(tmp_path):
+    mon = _monitor(str(tmp_path / "missing.sock"))
+    for _ in range(1000):
+        with mon.step(), mon.phase("compute"):
+            pass
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(20000):
+        with mon.step(), mon.phase("compute"):
+            pass
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert mon.dropped == 21000
+    assert grown < 20_000, f"{grown} bytes retained over 20,000 dropped steps"
+
+
+def test_min_interval_coalesces_fast_steps_and_flush_sends_the_rest(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path, min_interval=30)
+    for _ in range(5):
+        with mon.step():
+            pass
+    assert [r.steps for r in received()] == [1]
+    mon.close()
+    assert [r.steps for r in received()] == [5]
+    with mon.step():                                 # closed: counted as dropped, still no error
+        pass
+    assert received() == [] and mon.dropped == 1
+
+
+def test_forked_child_does_not_report_as_its_parent(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path)
+    pid = os.fork()
+    if pid == 0:                                     # a data-loader worker, say
+        try:
+            with mon.step():
+                pass
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert received() == []
+    with mon.step():
+        pass
+    assert [r.steps for r in received()] == [1]
+
+
+@pytest.mark.parametrize(
+    ("env", "job_id", "rank", "local_rank"),
+    [
+        ({"FLOPWATCH_JOB_ID": "a", "SLURM_JOB_ID": "b", "TORCHELASTIC_RUN_ID": "c"}, "a", 0, -1),
+        ({"SLURM_JOB_ID": "b", "TORCHELASTIC_RUN_ID": "c", "SLURM_PROCID": "7", "SLURM_LOCALID": "3"},
+         "b", 7, 3),
+        ({"TORCHELASTIC_RUN_ID": "c", "RANK": "5", "SLURM_PROCID": "7", "LOCAL_RANK": "1"}, "c", 5, 1),
+        ({"MASTER_PORT": "29500", "RANK": "not-a-number"}, "local-29500", 0, -1),
+        ({"FLOPWATCH_JOB_ID": 'we"ird\\id', "RANK": "-4"}, "we_ird_id", 0, -1),
+        ({"FLOPWATCH_JOB_ID": "x" * 100}, "x" * 64, 0, -1),
+    ],
+)
+def test_identity_from_the_environment(tmp_path, env, job_id, rank, local_rank):
+    mon = StepMonitor(socket_path=str(tmp_path / "none.sock"), environ=env)
+    assert (mon.job_id, mon.rank, mon.local_rank) == (job_id, rank, local_rank)
+
+
+def test_job_id_defaults_to_the_process():
+    mon = StepMonitor(socket_path="/nonexistent/x.sock", environ={})
+    assert mon.job_id == f"local-{os.getpid()}"
+
+
+@pytest.mark.parametrize(
+    ("device", "local_rank", "env", "gpu"),
+    [
+        (None, 3, {}, 3),                                     # torchrun: cuda:LOCAL_RANK
+        (None, 3, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 7),
+        (None, 3, {"CUDA_VISIBLE_DEVICES": "6"}, 6),          # Slurm binds one GPU per task
+        (None, -1, {}, -1),
+        (1, -1, {"CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}, -1),
+        (1, 0, {"CUDA_VISIBLE_DEVICES": "2,3"}, 3),
+        (0, 0, {"FLOPWATCH_GPU": "5", "CUDA_VISIBLE_DEVICES": "2"}, 5),
+    ],
+)
+def test_resolve_gpu(device, local_rank, env, gpu):
+    assert resolve_gpu(device, local_rank, env) == gpu
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"flops_per_step": -1.0}, {"tokens_per_step": float("nan")}, {"flops_per_step": "many"},
+     {"rank": -1}, {"gpu": 40000}, {"min_interval": -1}, {"hardware_flops_per_step": float("inf")}],
+)
+def test_nonsense_arguments_are_refused_before_the_loop(kwargs):
+    with pytest.raises(ValueError, match="StepMonitor"):
+        StepMonitor(socket_path="/nonexistent/x.sock", environ={}, **kwargs)
+
+
+def test_set_gpu_updates_later_datagrams(agent_socket):
+    path, received = agent_socket
+    mon = _monitor(path)
+    mon.set_gpu(6)
+    with mon.step():
+        pass
+    assert received()[-1].gpu == 6

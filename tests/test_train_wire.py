@@ -1,0 +1,112 @@
+"""The datagram format shared by the training client and the agent intake: round trips and refusals."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+
+from flopwatch.train import wire
+
+
+def _record(**changes) -> wire.StepRecord:
+    base = {"job_id": "job-7", "rank": 5, "local_rank": 1, "gpu": 3, "instance": 99, "steps": 4,
+            "tokens": 16384.0, "model_flops": 4e12, "hardware_flops": 5e12, "step_seconds": 2.0,
+            "checkpoint_save_seconds": 1.5, "dropped": 2, "analytic_flops_per_step": 1e12,
+            "measured_flops_per_step": 1.01e12, "buckets": (0,) * 8 + (4,) + (0,) * 14,
+            "phases": {"data": 0.1, "compute": 1.2, "comm": 0.4, "optimizer": 0.2, "other": 0.1}}
+    base.update(changes)
+    return wire.StepRecord(**base)
+
+
+def test_round_trip_keeps_every_field():
+    record = _record()
+    assert wire.decode(wire.encode(record)) == record
+
+
+def test_partial_phase_mask_reads_missing_phases_as_zero():
+    decoded = wire.decode(wire.encode(_record(phases={"comm": 0.75})))
+    assert decoded.phases == {"data": 0.0, "compute": 0.0, "comm": 0.75, "optimizer": 0.0, "other": 0.0}
+    assert decoded.measured_flops_per_step == 1.01e12
+
+
+def test_largest_datagram_is_max_datagram():
+    data = wire.encode(_record(job_id="j" * wire.MAX_JOB_ID))
+    assert len(data) == wire.MAX_DATAGRAM
+    assert wire.decode(data).job_id == "j" * wire.MAX_JOB_ID
+
+
+def _reason(data: bytes) -> str:
+    with pytest.raises(wire.WireError) as caught:
+        wire.decode(data)
+    return caught.value.reason
+
+
+def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
+    out = bytearray(data)
+    struct.pack_into(fmt, out, offset, value)
+    return bytes(out)
+
+
+GOOD = wire.encode(_record())
+#: byte offsets of fields in the datagram
+OFF_FLAGS, OFF_MASK, OFF_JOB_LEN, OFF_RANK, OFF_LOCAL_RANK, OFF_GPU = 1, 2, 3, 4, 8, 10
+OFF_STEPS = wire.HEAD.size
+OFF_TOKENS = wire.HEAD.size + 16 + 4 * wire.N_BUCKETS
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "truncated"),
+        (GOOD[:1], "truncated"),
+        (GOOD[:100], "truncated"),
+        (GOOD[:-1], "truncated"),
+        (GOOD + b"x", "malformed"),
+        (GOOD + b"x" * 500, "oversized"),
+        (b"\x02" + GOOD[1:], "version"),
+        (b"\x00" * len(GOOD), "version"),
+        (_patch(GOOD, OFF_FLAGS, "B", 0x80), "malformed"),
+        (_patch(GOOD, OFF_MASK, "B", 0x20), "unknown_phase"),
+        (_patch(GOOD, OFF_MASK, "B", 0xFF), "unknown_phase"),
+        (_patch(GOOD, OFF_JOB_LEN, "B", 0), "malformed"),
+        (GOOD[:-5] + b'j"b\\7', "bad_job_id"),
+        (GOOD[:-5] + b"j\x00b\n7", "bad_job_id"),
+        (GOOD[:-5] + "jöb7".encode()[:5], "bad_job_id"),
+        (_patch(GOOD, OFF_RANK, "<I", wire.MAX_RANK + 1), "bad_rank"),
+        (_patch(GOOD, OFF_LOCAL_RANK, "<h", -2), "bad_rank"),
+        (_patch(GOOD, OFF_GPU, "<h", -7), "bad_rank"),
+        (_patch(GOOD, OFF_TOKENS, "<d", math.nan), "bad_value"),
+        (_patch(GOOD, OFF_TOKENS, "<d", -1.0), "bad_value"),
+        (_patch(GOOD, OFF_TOKENS, "<d", math.inf), "bad_value"),
+        (_patch(GOOD, len(GOOD) - 5 - 8, "<d", math.nan), "bad_value"),   # measured FLOPs gauge
+        (_patch(GOOD, len(GOOD) - 5 - 16 - 8, "<d", -0.5), "bad_value"),  # the last phase total
+        (_patch(GOOD, OFF_STEPS, "<Q", 5), "malformed"),                  # buckets add up to 4
+    ],
+)
+def test_refusals_carry_the_reason(data, reason):
+    assert _reason(data) == reason
+
+
+def test_every_reason_is_a_known_label():
+    from flopwatch.exporters.train_intake import REASONS
+
+    reasons = {"truncated", "oversized", "version", "malformed", "unknown_phase", "bad_job_id", "bad_rank",
+               "bad_value"}
+    assert reasons <= set(REASONS)
+
+
+def test_trusted_jobs_skip_only_the_job_check():
+    bad_job = GOOD[:-5] + b"j\x00b\n7"
+    record, job = wire.split(bad_job, {b"j\x00b\n7"})
+    assert job == b"j\x00b\n7" and record[wire.I_STEPS] == 4
+    with pytest.raises(wire.WireError):
+        wire.split(_patch(bad_job, OFF_TOKENS, "<d", math.nan), {b"j\x00b\n7"})
+
+
+def test_socket_candidates_follow_the_environment(tmp_path):
+    assert wire.socket_candidates({"FLOPWATCH_SOCKET": "/x/y.sock"}) == ["/x/y.sock"]
+    paths = wire.socket_candidates({"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert paths == [wire.DEFAULT_SOCKET, str(tmp_path / "flopwatch" / "steps.sock")]
+    assert wire.user_socket_path({}).startswith("/tmp/flopwatch-")
