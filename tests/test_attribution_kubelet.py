@@ -105,3 +105,16 @@ def test_unreachable_kubelet_counts_an_error(tmp_path):
         assert collector.claims() == {}
     finally:
         collector.close()
+
+
+def test_agent_refuses_a_kubelet_socket_without_grpcio(monkeypatch, tmp_path):
+    from flopwatch import config as cfg
+    from flopwatch.cli import UsageError
+    from flopwatch.commands.agent import build_agent
+    from flopwatch.exporters import attribution_kubelet
+
+    monkeypatch.setattr(attribution_kubelet, "grpc_available", lambda: False)
+    config = cfg.load(overrides={"backend": "sim", "attribution.kubelet_socket": str(tmp_path / "k.sock")},
+                      environ={})
+    with pytest.raises(UsageError, match=r"needs grpcio: pip install 'flopwatch\[kubernetes\]'"):
+        build_agent(config)
