@@ -285,6 +285,9 @@ def test_driver_restart_reinitialises_nvml_once_for_all_gpus(rigs):
     rig.collect()
     assert rig.nvml.calls["nvmlInit"] == 2  # start, and one re-initialisation shared by three GPUs
     assert all(rig.value("flopwatch_gpu_up", gpu=gpu) == 1 for gpu in "012")
+    rig.collect()  # GPM restarts on the new session's samples (a new interval needs two of them)
+    assert rig.value("flopwatch_gpu_tensor_active_ratio", gpu="0") == pytest.approx(0.5)
+    assert rig.value("flopwatch_gpu_tensor_active_ratio", gpu="1") == pytest.approx(0.5)
     rig.nvml.inject_xid(2, 31)  # the XID event set was rebuilt on the new session
     assert wait_for(lambda: rig.backend.xid_counts().get((2, 31)) == 1)
 

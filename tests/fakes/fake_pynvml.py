@@ -136,6 +136,7 @@ class FakeNvml:
         self._event_sets: dict[int, set[int]] = {}  # event-set address -> registered gpu indices
         self._registered_handle: dict[int, Any] = {}  # gpu index -> handle given at registration
         self._samples: dict[int, tuple[int, int, dict[int, float]] | None] = {}
+        self._sample_epoch: dict[int, int] = {}     # GPM sample address -> NVML session it belongs to
         for index in range(len(gpus)):
             self._new_handle(index)
 
@@ -389,6 +390,7 @@ class FakeNvml:
             address = self._next_address
             self._next_address += 0x100
         self._samples[address] = None
+        self._sample_epoch[address] = self._session_epoch
         return ctypes.cast(ctypes.c_void_p(address), real.c_nvmlGpmSample_t)
 
     def nvmlGpmSampleFree(self, sample: Any) -> None:
@@ -398,8 +400,8 @@ class FakeNvml:
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
         gpu = self._gpu(handle, "nvmlGpmSampleGet")
-        if key(sample) not in self._samples:
-            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        if key(sample) not in self._samples or self._sample_epoch[key(sample)] != self._session_epoch:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)  # unknown, or from before a re-init
         gpu.gpm_ticks += 1
         for metric, percent in gpu.gpm_percent.items():
             gpu.gpm_accumulated[metric] = gpu.gpm_accumulated.get(metric, 0.0) + percent

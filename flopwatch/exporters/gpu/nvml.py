@@ -235,7 +235,10 @@ class NvmlBackend(GpuBackend):
         except GpuReadError as error:
             if error.cause != "driver":
                 raise
-            self._reinit(generation)
+            self._reinit(generation)  # re-opens every GPU it can and rebuilds the XID event set
+            if self.devices[index] is not old:
+                log.info("GPU %d: back after NVML re-initialisation", index)
+                return
             device = self._open(index, old.uuid)
         self._free_gpm(old)
         self.devices[index] = device
@@ -247,7 +250,11 @@ class NvmlBackend(GpuBackend):
         log.info("GPU %d: NVML handle re-acquired", index)
 
     def _reinit(self, seen_generation: int) -> None:
-        """Shut NVML down and up again, once for all GPUs that noticed the same driver restart."""
+        """Shut NVML down and up again, once for all GPUs that noticed the same driver restart.
+
+        Every GPU is opened afresh (handles and GPM samples of the old session are not reused);
+        one that cannot be opened yet keeps its old state and recovers on its own turn.
+        """
         nvml = self.nvml
         with self._reinit_lock:
             if self._generation != seen_generation:
@@ -264,16 +271,13 @@ class NvmlBackend(GpuBackend):
             except nvml.NVMLError as error:
                 raise GpuReadError("driver", f"re-initialising NVML failed: {init_failure(nvml, error)}") from None
             self._generation += 1
-            handles = {}
-            for device in self.devices:
+            for index, old in enumerate(self.devices):
                 try:
-                    handles[device.index] = nvml.nvmlDeviceGetHandleByUUID(device.uuid) if device.uuid \
-                        else nvml.nvmlDeviceGetHandleByIndex(device.index)
-                except nvml.NVMLError:
-                    continue  # that GPU recovers on its own turn
-                device.handle = handles[device.index]
+                    self.devices[index] = self._open(index, old.uuid)
+                except GpuReadError as error:
+                    log.info("GPU %d: not back yet after NVML re-initialisation: %s", index, error)
             if self.xids is not None:
-                self.xids.start(handles)
+                self.xids.start({d.index: d.handle for d in self.devices if d.handle is not None})
 
     # -- opening a device ----------------------------------------------------------------------
     def _open_or_fail(self, index: int) -> _Device:
