@@ -20,9 +20,12 @@ MetricType = Literal["gauge", "counter", "histogram"]
 COMMON_LABELS: tuple[str, ...] = ("node",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Metric:
-    """One exported metric family. `name` is the full exposition name (counters end in _total)."""
+    """One exported metric family. `name` is the full exposition name (counters end in _total).
+
+    Compared and hashed by identity: each metric is defined once, and collectors key per-cycle
+    dictionaries by it on the hot path."""
 
     name: str
     type: MetricType

@@ -11,7 +11,7 @@ import logging
 import platform
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
@@ -19,7 +19,7 @@ from prometheus_client.core import Metric as Family
 
 from flopwatch import __version__
 from flopwatch.catalog import agent as m
-from flopwatch.exporters.exposition import ExpositionRenderer
+from flopwatch.exporters.exposition import BlockRenderer, Blocks, ExpositionRenderer
 from flopwatch.exporters.http import METRICS_CONTENT_TYPE, HttpServer, Response
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,23 @@ class Collector(Protocol):
 
 
 class _Registered:
-    """Adapts a Collector to prometheus_client's registry (which only calls collect())."""
+    """Adapts a Collector to prometheus_client's registry (which only calls collect()) and keeps
+    the renderer whose cache belongs to that collector's series."""
 
     def __init__(self, collector: Collector) -> None:
         self.collector = collector
+        self.blocks: Callable[[], Blocks] | None = getattr(collector, "blocks", None)
+        self.families = ExpositionRenderer()
+        self.templates = BlockRenderer()
 
     def collect(self) -> Iterator[Family]:
         return self.collector.collect()
+
+    def render_into(self, out: list[str]) -> None:
+        if self.blocks is not None:
+            self.templates.render(self.blocks(), out)
+        else:
+            self.families.render_into(self.collector.collect(), out)
 
 
 class Agent:
@@ -62,10 +72,12 @@ class Agent:
         self.last_success: dict[str, float] = {}
         self.http: HttpServer | None = None
         self.registry = CollectorRegistry(auto_describe=False)
-        for collector in self.collectors:
-            self.registry.register(_Registered(collector))
-        self.registry.register(_SelfMetrics(self))
-        self.renderer = ExpositionRenderer()
+        self._sources = [_Registered(collector) for collector in self.collectors]
+        for source in self._sources:
+            self.registry.register(source)
+        self._self_metrics = _SelfMetrics(self)
+        self.registry.register(self._self_metrics)
+        self._self_renderer = ExpositionRenderer()
         self._exposition = b""
         self.cycles = 0
 
@@ -82,7 +94,11 @@ class Agent:
             self.errors[collector.name] += failures
             if not failures:
                 self.last_success[collector.name] = time.time()
-        self._exposition = self.renderer.render(self.registry.collect())
+        out: list[str] = []
+        for source in self._sources:
+            source.render_into(out)
+        self._self_renderer.render_into(self._self_metrics.collect(), out)
+        self._exposition = "".join(out).encode()
         self.cycles += 1
 
     def exposition(self) -> bytes:

@@ -10,9 +10,12 @@ only the series seen in the last render, so label churn cannot grow it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client.core import Metric as Family
+from prometheus_client.samples import Sample
+
+from flopwatch.catalog import Metric as CatalogMetric
 
 #: How generate_latest names and types a family in the 0.0.4 text format.
 _SUFFIX = {"counter": "_total", "info": "_info"}
@@ -50,8 +53,12 @@ class ExpositionRenderer:
         self._headers: dict[tuple[str, str, str], str] = {}
 
     def render(self, families: Iterable[Family]) -> bytes:
-        old, new = self._prefixes, {}
         out: list[str] = []
+        self.render_into(families, out)
+        return "".join(out).encode()
+
+    def render_into(self, families: Iterable[Family], out: list[str]) -> None:
+        old, new = self._prefixes, {}
         append = out.append
         for family in families:
             kind = family.type
@@ -78,4 +85,92 @@ class ExpositionRenderer:
                 else:
                     append(prefix + format_value(value) + "\n")
         self._prefixes = new
-        return "".join(out).encode()
+
+
+class Blocks:
+    """Samples of one collect() grouped per catalogue metric, as parallel lists.
+
+    Collectors that fill these instead of prometheus_client families let the renderer reuse a
+    whole metric's text as a `%` template when its series are the same as last time (the common
+    case), which is what lets one simulator process serve thousands of nodes. `families()` gives
+    the same samples as ordinary families for prometheus_client's registry.
+    """
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.series: dict[CatalogMetric, list[tuple[str, ...]]] = {}
+        self.values: dict[CatalogMetric, list[float]] = {}
+        self.suffixes: dict[CatalogMetric, list[str]] = {}
+
+    def add(self, metric: CatalogMetric, labels: Sequence[str], value: float | bool | None) -> None:
+        """One sample; `labels` follow metric.labels (node is added); None means absent."""
+        if value is None:
+            return
+        series = self.series.get(metric)
+        if series is None:
+            series = self.series[metric] = []
+            self.values[metric] = []
+        series.append((self.node, *labels))
+        self.values[metric].append(float(value))
+
+    def add_histogram(self, metric: CatalogMetric, labels: Sequence[str],
+                      cumulative: Sequence[tuple[float, float]], total: float) -> None:
+        """A histogram: (upper bound, cumulative count) pairs ending with +Inf, and the sum."""
+        suffixes = self.suffixes.setdefault(metric, [])
+        if metric not in self.series:
+            self.series[metric] = []
+            self.values[metric] = []
+        base = (self.node, *labels)
+        for bound, count in cumulative:
+            suffixes.append("_bucket")
+            self.series[metric].append((*base, "+Inf" if math.isinf(bound) else repr(float(bound))))
+            self.values[metric].append(float(count))
+        suffixes += ["_count", "_sum"]
+        self.series[metric] += [base, base]
+        self.values[metric] += [float(cumulative[-1][1]), float(total)]
+
+    def families(self) -> Iterator[Family]:
+        for metric, series in self.series.items():
+            family = metric.family()
+            suffixes = self.suffixes.get(metric)
+            names = metric.all_labels
+            for i, (labels, value) in enumerate(zip(series, self.values[metric], strict=True)):
+                suffix = suffixes[i] if suffixes else ""
+                label_names = (*names, "le") if suffix == "_bucket" else names
+                family.samples.append(Sample(metric.name + suffix, dict(zip(label_names, labels, strict=True)),
+                                             value, None, None))
+            yield family
+
+
+class BlockRenderer:
+    """Renders Blocks, one cached `%` template per metric, reused while its series are unchanged."""
+
+    def __init__(self) -> None:
+        self._templates: dict[str, tuple[list[tuple[str, ...]], list[str] | None, str]] = {}
+
+    def render(self, blocks: Blocks, out: list[str]) -> None:
+        templates = {}
+        for metric, series in blocks.series.items():
+            suffixes = blocks.suffixes.get(metric)
+            cached = self._templates.get(metric.name)
+            if cached is None or cached[0] != series or cached[1] != suffixes:
+                cached = (series, suffixes, _template(metric, series, suffixes))
+            templates[metric.name] = cached
+            values = blocks.values[metric]
+            try:
+                finite = math.isfinite(math.fsum(values))
+            except OverflowError:
+                finite = False
+            out.append(cached[2] % (tuple(values) if finite else tuple(map(format_value, values))))
+        self._templates = templates
+
+
+def _template(metric: CatalogMetric, series: list[tuple[str, ...]], suffixes: list[str] | None) -> str:
+    family = metric.family()
+    lines = [_header(family).replace("%", "%%")]
+    for i, labels in enumerate(series):
+        suffix = suffixes[i] if suffixes else ""
+        names = (*metric.all_labels, "le") if suffix == "_bucket" else metric.all_labels
+        text = ",".join(f'{name}="{_escape_value(value)}"' for name, value in zip(names, labels, strict=True))
+        lines.append(f"{metric.name}{suffix}{{{text.replace('%', '%%')}}} %s\n")
+    return "".join(lines)

@@ -21,6 +21,7 @@ from flopwatch.catalog import nic as nic_metrics
 from flopwatch.catalog import train as train_metrics
 from flopwatch.config import GpuOptions
 from flopwatch.exporters.agent import Agent
+from flopwatch.exporters.exposition import Blocks
 from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.simulated import SimBackend
 from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
@@ -61,39 +62,36 @@ class SimTrainCollector(_NodeCollector):
                 continue
             yield state, spec.nodes.index(self.node.index)
 
-    def collect(self) -> Iterator[Family]:
+    def blocks(self) -> Blocks:
         m = train_metrics
-        fams = {metric: metric.family() for metric in (
-            m.STEPS, m.TOKENS, m.MODEL_FLOPS, m.HARDWARE_FLOPS, m.PHASE_SECONDS, m.CHECKPOINT_SECONDS,
-            m.LAST_STEP, m.STEP_SECONDS, m.FLOPS_PER_STEP)}
-        node = self.node.name
+        out = Blocks(self.node.name)
+        put = out.add
         for state, position in self.jobs_here():
             c, runner = state.counters, state.runner
             gpn = runner.fleet.gpus_per_node
             job_id = runner.spec.id
+            per_rank_flops = runner.flops_per_step / runner.ranks
             for gpu in range(gpn):
                 rank = position * gpn + gpu
-                labels = [node, job_id, str(rank), str(gpu)]
-                fams[m.STEPS].add_metric(labels, float(c.steps[rank]))
-                fams[m.TOKENS].add_metric(labels, float(c.tokens[rank]))
-                fams[m.MODEL_FLOPS].add_metric(labels, float(c.model_flops[rank]))
-                fams[m.HARDWARE_FLOPS].add_metric(labels, float(c.hardware_flops[rank]))
+                labels = (job_id, str(rank), str(gpu))
+                put(m.STEPS, labels, c.steps[rank])
+                put(m.TOKENS, labels, c.tokens[rank])
+                put(m.MODEL_FLOPS, labels, c.model_flops[rank])
+                put(m.HARDWARE_FLOPS, labels, c.hardware_flops[rank])
                 for i, phase in enumerate(PHASES):
-                    fams[m.PHASE_SECONDS].add_metric([*labels, phase], float(c.phase_seconds[i, rank]))
+                    put(m.PHASE_SECONDS, (*labels, phase), c.phase_seconds[i, rank])
                 if c.checkpoint_seconds[rank] > 0:
-                    fams[m.CHECKPOINT_SECONDS].add_metric([*labels, "save"], float(c.checkpoint_seconds[rank]))
-                fams[m.LAST_STEP].add_metric(labels, float(c.last_step_time[rank]))
-                fams[m.FLOPS_PER_STEP].add_metric([node, job_id, str(rank), "analytic"],
-                                                  runner.flops_per_step / runner.ranks)
+                    put(m.CHECKPOINT_SECONDS, (*labels, "save"), c.checkpoint_seconds[rank])
+                put(m.LAST_STEP, labels, c.last_step_time[rank])
+                put(m.FLOPS_PER_STEP, (job_id, str(rank), "analytic"), per_rank_flops)
             # every local rank observes every step: count = steps x local ranks (as the intake does)
-            buckets = [(_le(bound), float(count * gpn))
-                       for bound, count in zip(STEP_BUCKETS, c.step_buckets, strict=True)]
-            fams[m.STEP_SECONDS].add_metric([node, job_id], buckets, c.step_sum * gpn)
-        yield from (family for family in fams.values() if family.samples)
+            out.add_histogram(m.STEP_SECONDS, (job_id,),
+                              list(zip(STEP_BUCKETS, (c.step_buckets * gpn).tolist(), strict=True)),
+                              c.step_sum * gpn)
+        return out
 
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
+    def collect(self) -> Iterator[Family]:
+        return self.blocks().families()
 
 
 class SimNicCollector(_NodeCollector):
@@ -101,28 +99,29 @@ class SimNicCollector(_NodeCollector):
 
     name = "nic"
 
-    def collect(self) -> Iterator[Family]:
+    def blocks(self) -> Blocks:
         m = nic_metrics
-        fams = {metric: metric.family() for metric in (
-            m.INFO, m.COUNTERS_AVAILABLE, m.PORT_STATE, m.PORT_PHYSICAL_STATE, m.PORT_RATE, m.DATA,
-            m.PACKETS, m.ERRORS, m.LINK_DOWNED, m.XMIT_WAIT)}
-        node = self.node.name
+        out = Blocks(self.node.name)
+        put = out.add
         for nic in self.node.nics:
-            port = [node, nic.device, "1"]
-            fams[m.INFO].add_metric([*port, "InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"], 1)
-            fams[m.COUNTERS_AVAILABLE].add_metric(port, 1)
-            fams[m.PORT_STATE].add_metric([*port, PORT_STATE_WORDS[nic.state]], nic.state)
-            fams[m.PORT_PHYSICAL_STATE].add_metric([*port, PHYS_STATE_WORDS[nic.phys_state]], nic.phys_state)
-            fams[m.PORT_RATE].add_metric(port, nic.rate_bytes_per_s)
-            fams[m.DATA].add_metric([*port, "tx"], float(int(nic.xmit_bytes) // 4 * 4))
-            fams[m.DATA].add_metric([*port, "rx"], float(int(nic.rcv_bytes) // 4 * 4))
-            fams[m.PACKETS].add_metric([*port, "tx"], float(int(nic.xmit_packets)))
-            fams[m.PACKETS].add_metric([*port, "rx"], float(int(nic.rcv_packets)))
+            port = (nic.device, "1")
+            put(m.INFO, (*port, "InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"), 1)
+            put(m.COUNTERS_AVAILABLE, port, 1)
+            put(m.PORT_STATE, (*port, PORT_STATE_WORDS[nic.state]), nic.state)
+            put(m.PORT_PHYSICAL_STATE, (*port, PHYS_STATE_WORDS[nic.phys_state]), nic.phys_state)
+            put(m.PORT_RATE, port, nic.rate_bytes_per_s)
+            put(m.DATA, (*port, "tx"), int(nic.xmit_bytes) // 4 * 4)
+            put(m.DATA, (*port, "rx"), int(nic.rcv_bytes) // 4 * 4)
+            put(m.PACKETS, (*port, "tx"), int(nic.xmit_packets))
+            put(m.PACKETS, (*port, "rx"), int(nic.rcv_packets))
             for counter in NIC_ERROR_COUNTERS:
-                fams[m.ERRORS].add_metric([*port, counter], float(getattr(nic, counter)))
-            fams[m.LINK_DOWNED].add_metric(port, nic.link_downed)
-            fams[m.XMIT_WAIT].add_metric(port, float(int(nic.xmit_wait)))
-        yield from (family for family in fams.values() if family.samples)
+                put(m.ERRORS, (*port, counter), getattr(nic, counter))
+            put(m.LINK_DOWNED, port, nic.link_downed)
+            put(m.XMIT_WAIT, port, int(nic.xmit_wait))
+        return out
+
+    def collect(self) -> Iterator[Family]:
+        return self.blocks().families()
 
 
 class SimJobCollector(_NodeCollector):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -26,6 +26,7 @@ from prometheus_client.core import Metric as Family
 
 from flopwatch.catalog import gpu as m
 from flopwatch.config import GpuOptions
+from flopwatch.exporters.exposition import Blocks
 from flopwatch.exporters.gpu.backend import GpuBackend
 from flopwatch.exporters.gpu.reading import GpuReadError, GpuReading
 from flopwatch.hardware import match_device_name, model_by_name
@@ -173,43 +174,39 @@ class GpuCollector:
             log.warning("GPU %d: unknown model %r; %s", state.index, reading.model, hint)
 
     def close(self) -> None:
+        """Stop the read workers and release the library (NVML shutdown, XID thread, DCGM groups)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.backend.stop()
+        except Exception as error:  # closing must not fail the agent's shutdown
+            log.debug("stopping the %s backend: %s", self.backend.name, error)
 
     # -- rendering (no hardware access) --------------------------------------------------------
     def collect(self) -> Iterator[Family]:
+        return self.blocks().families()
+
+    def blocks(self) -> Blocks:
+        """The last snapshot as catalogue blocks (the agent renders these through a template)."""
         snap = self._snapshot
-        node = self.node
-        fams = {metric: metric.family() for metric in (
-            m.UP, m.INFO, m.READ_ERRORS, m.PEAK_FLOPS, m.UTILIZATION, m.MEMORY_UTILIZATION, m.SM_CLOCK,
-            m.SM_CLOCK_MAX, m.MEMORY_CLOCK, m.POWER, m.POWER_LIMIT, m.ENERGY, m.TEMPERATURE,
-            m.MEMORY_TEMPERATURE, m.MEMORY_USED, m.MEMORY_TOTAL, m.CLOCK_EVENT_ACTIVE,
-            m.CLOCK_EVENT_VIOLATION, m.PCIE_GENERATION, m.PCIE_WIDTH, m.PCIE_MAX_GENERATION,
-            m.PCIE_MAX_WIDTH, m.PCIE_REPLAYS, m.PCIE_BYTES, m.NVLINK_BYTES, m.NVLINK_ERRORS,
-            m.ECC_CORRECTED, m.ECC_UNCORRECTED, m.REMAPPED_ROWS, m.ROW_REMAP_PENDING, m.ROW_REMAP_FAILED,
-            m.XID_ERRORS, m.SM_ACTIVE, m.SM_OCCUPANCY, m.TENSOR_ACTIVE, m.DRAM_ACTIVE, m.PROCESSES,
-        )}
-
-        def put(metric: m.Metric, labels: list[str], value: float | bool | None) -> None:
-            if value is not None:
-                fams[metric].add_metric([node, *labels], float(value))
-
+        out = Blocks(self.node)
+        put = out.add
         for index, up, reading, last_known, errors in snap.states:
             gpu = str(index)
-            put(m.UP, [gpu], up)
+            put(m.UP, (gpu,), up)
             if last_known is not None:
-                put(m.INFO, [gpu, last_known.uuid, last_known.model, last_known.driver_version], 1)
+                put(m.INFO, (gpu, last_known.uuid, last_known.model, last_known.driver_version), 1)
             for cause, count in sorted(errors.items()):
-                put(m.READ_ERRORS, [gpu, cause], count)
+                put(m.READ_ERRORS, (gpu, cause), count)
             for dtype, flops in sorted(snap.peaks.get(index, {}).items()):
-                put(m.PEAK_FLOPS, [gpu, dtype], flops)
+                put(m.PEAK_FLOPS, (gpu, dtype), flops)
             if reading is not None:
                 self._put_reading(put, gpu, reading)
         for (index, xid), count in sorted(snap.xids.items()):
-            put(m.XID_ERRORS, [str(index), str(xid)], count)
-        yield from (family for family in fams.values() if family.samples)
+            put(m.XID_ERRORS, (str(index), str(xid)), count)
+        return out
 
     @staticmethod
-    def _put_reading(put: Callable[[m.Metric, list[str], float | bool | None], None], gpu: str,
+    def _put_reading(put: Callable[[m.Metric, Sequence[str], float | bool | None], None], gpu: str,
                      r: GpuReading) -> None:
         for metric, value in (
             (m.UTILIZATION, r.utilization), (m.MEMORY_UTILIZATION, r.memory_utilization),
@@ -227,17 +224,17 @@ class GpuCollector:
             (m.DRAM_ACTIVE, r.dram_active),
             (m.PROCESSES, None if r.pids is None else len(r.pids)),
         ):
-            put(metric, [gpu], value)
+            put(metric, (gpu,), value)
         for reason, active in sorted((r.clock_events or {}).items()):
-            put(m.CLOCK_EVENT_ACTIVE, [gpu, reason], active)
+            put(m.CLOCK_EVENT_ACTIVE, (gpu, reason), active)
         for reason, seconds in sorted((r.violation_seconds or {}).items()):
-            put(m.CLOCK_EVENT_VIOLATION, [gpu, reason], seconds)
-        put(m.PCIE_BYTES, [gpu, "tx"], r.pcie_tx_bytes)
-        put(m.PCIE_BYTES, [gpu, "rx"], r.pcie_rx_bytes)
-        put(m.REMAPPED_ROWS, [gpu, "correctable"], r.remapped_rows_correctable)
-        put(m.REMAPPED_ROWS, [gpu, "uncorrectable"], r.remapped_rows_uncorrectable)
+            put(m.CLOCK_EVENT_VIOLATION, (gpu, reason), seconds)
+        put(m.PCIE_BYTES, (gpu, "tx"), r.pcie_tx_bytes)
+        put(m.PCIE_BYTES, (gpu, "rx"), r.pcie_rx_bytes)
+        put(m.REMAPPED_ROWS, (gpu, "correctable"), r.remapped_rows_correctable)
+        put(m.REMAPPED_ROWS, (gpu, "uncorrectable"), r.remapped_rows_uncorrectable)
         for link in r.nvlinks:
-            put(m.NVLINK_BYTES, [gpu, link.link, "tx"], link.tx_bytes)
-            put(m.NVLINK_BYTES, [gpu, link.link, "rx"], link.rx_bytes)
+            put(m.NVLINK_BYTES, (gpu, link.link, "tx"), link.tx_bytes)
+            put(m.NVLINK_BYTES, (gpu, link.link, "rx"), link.rx_bytes)
             for error, count in sorted(link.errors.items()):
-                put(m.NVLINK_ERRORS, [gpu, link.link, error], count)
+                put(m.NVLINK_ERRORS, (gpu, link.link, error), count)
