@@ -23,6 +23,7 @@ FLAGS = {
     "backend": "backend", "listen": "listen", "interval": "interval", "node": "node",
     "log_level": "log_level", "peak_flops": "gpu.peak_flops", "sim_gpus": "sim.gpus",
     "sim_model": "sim.model", "nvlink_per_link": "gpu.nvlink_per_link", "sysfs_root": "nic.sysfs_root",
+    "train": "collectors.train", "train_socket": "train.socket",
 }
 
 
@@ -45,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sysfs-root", dest="sysfs_root", metavar="PATH",
                         help="sysfs root for the NIC and host collectors (default /sys; a recorded tree "
                         "for tests)")
+    parser.add_argument("--train", dest="train", action="store_const", const=True,
+                        help="receive training-step events from flopwatch.train clients (collectors.train)")
+    parser.add_argument("--train-socket", dest="train_socket", metavar="PATH",
+                        help="Unix socket for training-step events (default /run/flopwatch/steps.sock)")
     parser.add_argument("--once", action="store_true",
                         help="collect once, print the exposition to stdout and exit")
     parser.add_argument("--print-config", action="store_true", help="print the merged config and exit")
@@ -75,6 +80,13 @@ def build_agent(config: cfg.AgentConfig) -> Agent:
         gpu_collector = GpuCollector(backend, config.node, config.gpu, count)
         collectors.append(gpu_collector)
     collectors += _node_collectors(config, gpu_processes_of(gpu_collector))
+    if config.collectors.get("train", False):   # last: it starts a socket reader thread
+        from flopwatch.exporters.train_intake import IntakeError, TrainIntake
+
+        try:
+            collectors.append(TrainIntake(config.train, config.node))
+        except IntakeError as error:
+            raise UsageError(str(error)) from None
     return Agent(config.node, collectors, backend_name)
 
 

@@ -1,0 +1,367 @@
+"""The training-step intake: reads datagrams from training clients on a Unix socket and exports them.
+
+A reader thread owned by the collector drains the socket in batches and keeps, per (job_id, rank),
+the latest running totals the client sent (see flopwatch/train/wire.py); `update()` on the agent's
+clock expires ranks that went quiet and snapshots the rest, and `collect()` renders the snapshot.
+Everything refused is counted by reason; nothing a client sends can grow memory past the caps on
+jobs and ranks, raise out of the reader, or move a counter backwards.
+
+Sample output (one rank, abridged):
+
+    flopwatch_train_steps_total{node="n1",job_id="4711",rank="3",gpu="3"} 1200.0
+    flopwatch_train_phase_seconds_total{node="n1",job_id="4711",rank="3",gpu="3",phase="comm"} 41.5
+    flopwatch_train_step_seconds_bucket{node="n1",job_id="4711",le="1.0"} 9550.0
+    flopwatch_train_events_rejected_total{node="n1",reason="bad_value"} 2.0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import logging
+import operator
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.core import Metric as Family
+
+from flopwatch.catalog import train as m
+from flopwatch.config import TrainOptions
+from flopwatch.train import wire
+
+log = logging.getLogger(__name__)
+
+REASONS: tuple[str, ...] = (
+    "truncated", "oversized", "version", "malformed", "unknown_phase", "bad_job_id", "bad_rank",
+    "bad_value", "non_monotonic", "too_many_jobs", "too_many_ranks", "rate_limited",
+)
+#: Per-rank flood guard: a client sends at most one datagram per step and per 10 ms by default.
+RATE_PER_S = 1000.0
+BURST = 1000.0
+BATCH = 512                    # datagrams handled per lock hold
+POLL_S = 0.2                   # how often the reader looks at the stop flag
+RECV_SIZE = wire.MAX_DATAGRAM + 1   # one byte more than the largest valid datagram: oversize shows
+SOCKET_MODE = 0o660            # owner and group only
+
+
+class IntakeError(RuntimeError):
+    """The intake socket cannot be opened; the message says why and what to do."""
+
+
+class _Rank:
+    __slots__ = ("allowance", "analytic", "gpu", "gpu_index", "instance", "job", "last_step", "measured",
+                 "rank", "seen", "totals")
+
+    def __init__(self, job: str, rank: int) -> None:
+        self.job, self.rank = job, rank
+        self.gpu = ""
+        self.gpu_index = -1
+        self.instance = -1
+        self.totals: tuple = ()
+        self.analytic = self.measured = 0.0
+        self.last_step = 0.0        # wall time the steps count last grew
+        self.seen = 0.0             # monotonic time of the last accepted datagram
+        self.allowance = BURST - 1.0      # it is created by admitting one datagram
+
+
+class _Job:
+    __slots__ = ("name", "ranks", "retired_buckets", "retired_seconds")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ranks = 0
+        # Histograms of ranks that restarted or expired while the job went on: keeps it monotonic.
+        self.retired_buckets = [0] * wire.N_BUCKETS
+        self.retired_seconds = 0.0
+
+
+# Offsets into a rank's totals: record[wire.I_TOTALS:wire.I_END_TOTALS].
+_T = wire.I_TOTALS
+T_STEPS, T_DROPPED, T_BUCKETS, T_TOKENS = wire.I_STEPS - _T, wire.I_DROPPED - _T, wire.I_BUCKETS - _T, \
+    wire.I_TOKENS - _T
+T_MODEL, T_HARDWARE, T_STEP_SECONDS = wire.I_MODEL - _T, wire.I_HARDWARE - _T, wire.I_STEP_SECONDS - _T
+T_SAVE, T_RESTORE, T_PHASES = wire.I_SAVE - _T, wire.I_RESTORE - _T, wire.I_PHASES - _T
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    ranks: tuple[tuple[str, str, str, tuple, float, float, float], ...] = ()
+    jobs: tuple[tuple[str, tuple[int, ...], float], ...] = ()
+    accepted: int = 0
+    rejected: tuple[tuple[str, int], ...] = ()
+
+
+class TrainIntake:
+    """Collector for the agent: `update()` expires and snapshots, `collect()` renders."""
+
+    name = "train"
+
+    def __init__(self, options: TrainOptions, node: str, *, start: bool = True) -> None:
+        self.options = options
+        self.node = node
+        self.path = Path(options.socket)
+        self.accepted = 0
+        self.rejected = dict.fromkeys(REASONS, 0)
+        self._ranks: dict[tuple[bytes, int], _Rank] = {}
+        self._jobs: dict[bytes, _Job] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._snapshot = _Snapshot()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._inode: int | None = None
+        self.reader_failed = False
+        if start:
+            self._sock, self._inode = open_socket(self.path, options.socket_group)
+            self._thread = threading.Thread(target=self._read_loop, name="train-intake", daemon=True)
+            self._thread.start()
+            log.info("training-step intake on %s", self.path)
+
+    # -- reader thread -------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        recv = sock.recv
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(POLL_S * 1000):
+                    continue
+                with self._lock:
+                    now, wall = time.monotonic(), time.time()
+                    for _ in range(BATCH):
+                        try:
+                            data = recv(RECV_SIZE)
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        self.handle(data, now, wall)
+        except Exception as error:  # an OSError on our own socket, or a bug: say so, stop reading
+            if not self._stop.is_set():
+                self.reader_failed = True
+                log.error("training-step intake stopped reading %s: %r", self.path, error)
+
+    # -- one datagram (reader thread, lock held) -----------------------------------------------
+    def handle(self, data: bytes, now: float, wall: float) -> None:
+        """Account one datagram; never raises for anything a client can send."""
+        try:
+            record, job = wire.split(data, self._jobs)
+        except wire.WireError as error:
+            self.rejected[error.reason] += 1
+            return
+        totals = record[wire.I_TOTALS:wire.I_END_TOTALS]
+        state = self._ranks.get((job, record[wire.I_RANK]))
+        if state is None:
+            state = self._admit(job, record[wire.I_RANK])
+            if state is None:
+                return
+        else:
+            allowance = state.allowance + (now - state.seen) * RATE_PER_S
+            if allowance < 1.0:
+                self.rejected["rate_limited"] += 1
+                return
+            if record[wire.I_INSTANCE] != state.instance:   # the client restarted: totals start over
+                self._retire(job, state)
+                state.totals = ()
+            elif not all(map(operator.ge, totals, state.totals)):
+                self.rejected["non_monotonic"] += 1
+                return
+            state.allowance = min(allowance, BURST) - 1.0
+        if not state.totals or totals[T_STEPS] > state.totals[T_STEPS]:
+            state.last_step = wall
+        state.totals = totals
+        state.instance = record[wire.I_INSTANCE]
+        state.analytic, state.measured = record[wire.I_ANALYTIC], record[wire.I_MEASURED]
+        if record[wire.I_GPU] != state.gpu_index:
+            state.gpu_index = record[wire.I_GPU]
+            state.gpu = str(state.gpu_index) if state.gpu_index >= 0 else ""
+        state.seen = now
+        self.accepted += 1
+
+    def _admit(self, job: bytes, rank: int) -> _Rank | None:
+        record = self._jobs.get(job)
+        if record is None and len(self._jobs) >= self.options.max_jobs:
+            self.rejected["too_many_jobs"] += 1
+            return None
+        if len(self._ranks) >= self.options.max_ranks:
+            self.rejected["too_many_ranks"] += 1
+            return None
+        if record is None:
+            record = self._jobs[job] = _Job(job.decode("ascii"))
+        record.ranks += 1
+        state = self._ranks[(job, rank)] = _Rank(record.name, rank)
+        return state
+
+    def _retire(self, job: bytes, state: _Rank) -> None:
+        if not state.totals:
+            return
+        record = self._jobs[job]
+        buckets = state.totals[T_BUCKETS:T_TOKENS]
+        record.retired_buckets = [a + b for a, b in zip(record.retired_buckets, buckets, strict=True)]
+        record.retired_seconds += state.totals[T_STEP_SECONDS]
+
+    # -- agent clock ---------------------------------------------------------------------------
+    def update(self) -> int:
+        """Expire quiet ranks and jobs, snapshot the rest; 1 error when the reader has stopped."""
+        with self._lock:
+            cutoff = time.monotonic() - self.options.expiry
+            for key, state in list(self._ranks.items()):
+                if state.seen < cutoff:
+                    del self._ranks[key]
+                    record = self._jobs[key[0]]
+                    record.ranks -= 1
+                    if record.ranks:
+                        self._retire(key[0], state)
+                    else:
+                        del self._jobs[key[0]]
+            ranks = []
+            histograms: dict[bytes, list] = {}     # job -> [seconds, count per bucket...]
+            for (job, _), state in self._ranks.items():
+                totals = state.totals
+                ranks.append((state.job, str(state.rank), state.gpu, totals, state.analytic,
+                              state.measured, state.last_step))
+                sums = histograms.get(job)
+                if sums is None:
+                    record = self._jobs[job]
+                    sums = histograms[job] = [record.retired_seconds, *record.retired_buckets]
+                sums[0] += totals[T_STEP_SECONDS]
+                for i, count in enumerate(totals[T_BUCKETS:T_TOKENS], 1):
+                    sums[i] += count
+            jobs = tuple((self._jobs[job].name, tuple(sums[1:]), sums[0]) for job, sums in histograms.items())
+            self._snapshot = _Snapshot(tuple(ranks), jobs, self.accepted, tuple(self.rejected.items()))
+        return 1 if self.reader_failed else 0
+
+    def collect(self) -> Iterator[Family]:
+        snap, node = self._snapshot, self.node
+        steps, tokens, model, hardware = (m.STEPS.family(), m.TOKENS.family(), m.MODEL_FLOPS.family(),
+                                          m.HARDWARE_FLOPS.family())
+        phase, checkpoint, last, dropped = (m.PHASE_SECONDS.family(), m.CHECKPOINT_SECONDS.family(),
+                                            m.LAST_STEP.family(), m.CLIENT_DROPPED.family())
+        per_step = m.FLOPS_PER_STEP.family()
+        for job, rank, gpu, totals, analytic, measured, last_step in snap.ranks:
+            labels = [node, job, rank, gpu]
+            steps.add_metric(labels, totals[T_STEPS])
+            tokens.add_metric(labels, totals[T_TOKENS])
+            model.add_metric(labels, totals[T_MODEL])
+            hardware.add_metric(labels, totals[T_HARDWARE])
+            for i, name in enumerate(wire.PHASES):
+                phase.add_metric([*labels, name], totals[T_PHASES + i])
+            checkpoint.add_metric([*labels, "save"], totals[T_SAVE])
+            checkpoint.add_metric([*labels, "restore"], totals[T_RESTORE])
+            if last_step:
+                last.add_metric(labels, last_step)
+            dropped.add_metric([node, job, rank], totals[T_DROPPED])
+            if analytic:
+                per_step.add_metric([node, job, rank, "analytic"], analytic)
+            if measured:
+                per_step.add_metric([node, job, rank, "measured"], measured)
+        histogram = m.STEP_SECONDS.family()
+        for job, buckets, seconds in snap.jobs:
+            cumulative, running = [], 0
+            for bound, count in zip((*wire.STEP_BUCKETS, float("inf")), buckets, strict=True):
+                running += count
+                cumulative.append((_le(bound), running))
+            histogram.add_metric([node, job], cumulative, seconds)
+        accepted = m.EVENTS_ACCEPTED.family()
+        accepted.add_metric([node], snap.accepted)
+        rejected = m.EVENTS_REJECTED.family()
+        for reason, count in snap.rejected:
+            rejected.add_metric([node, reason], count)
+        for family in (steps, tokens, model, hardware, phase, checkpoint, last, histogram, per_step,
+                       dropped, accepted, rejected):
+            if family.samples:
+                yield family
+
+    def close(self) -> None:
+        """Stop the reader and remove our socket file (not one a newer agent bound since)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=POLL_S * 10)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            try:
+                if self.path.stat().st_ino == self._inode:
+                    self.path.unlink()
+            except OSError:
+                pass
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def open_socket(path: Path, group: str | None) -> tuple[socket.socket, int]:
+    """Bind a non-blocking datagram socket at `path`, mode 0660 (and `group`) from the first moment.
+
+    It is bound under a temporary name, given its mode and group, then renamed into place, so no
+    client ever sees it with looser permissions. A stale socket is replaced; a live one (another
+    agent) or a file that is not a socket is left alone and reported.
+    """
+    gid = _group_id(group) if group is not None else -1
+    directory = path.parent
+    try:
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as error:
+        raise IntakeError(f"cannot create {directory} for the training-step socket ({error.strerror}); "
+                          "run the agent as root or set train.socket to a writable path") from None
+    info = directory.stat()
+    shared = info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX
+    if info.st_uid not in (0, os.geteuid()) or shared:
+        raise IntakeError(f"{directory} is writable by others or owned by another user; refusing to put "
+                          "the training-step socket there (set train.socket to a private directory)")
+    _clear_stale(path)
+    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(str(temporary))
+        os.chmod(temporary, SOCKET_MODE)
+        if gid >= 0:
+            os.chown(temporary, -1, gid)
+        os.rename(temporary, path)
+        sock.setblocking(False)
+    except OSError as error:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise IntakeError(f"cannot open the training-step socket {path} ({error.strerror}); check the "
+                          "directory's permissions and train.socket_group") from None
+    return sock, path.stat().st_ino
+
+
+def _clear_stale(path: Path) -> None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise IntakeError(f"{path} exists and is not a socket; remove it or set train.socket elsewhere")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        path.unlink()             # left behind by an agent that died: take it over
+        return
+    except OSError as error:
+        raise IntakeError(f"cannot check the existing socket {path} ({error.strerror})") from None
+    finally:
+        probe.close()
+    raise IntakeError(f"another process is already reading {path} (a second agent?); stop it or set "
+                      "train.socket to another path")
+
+
+def _group_id(group: str) -> int:
+    try:
+        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise IntakeError(f"train.socket_group {group!r} is not a group on this host; create it or "
+                          "give an existing group name or id") from None

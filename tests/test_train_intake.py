@@ -1,0 +1,345 @@
+"""The agent's training-step intake: aggregation, bounds, hostile input, and its socket.
+
+Datagrams come from the real client (StepMonitor) over a real Unix socket, or straight into
+`handle()` where a test needs to control the clock; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import grp
+import math
+import os
+import socket
+import stat
+import struct
+import subprocess
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from flopwatch import config as cfg
+from flopwatch.cli import UsageError
+from flopwatch.commands.agent import build_agent
+from flopwatch.config import TrainOptions
+from flopwatch.exporters.agent import Agent
+from flopwatch.exporters.train_intake import BURST, REASONS, IntakeError, TrainIntake, open_socket
+from flopwatch.train import StepMonitor, wire
+
+NODE = "n1"
+
+
+def _intake(tmp_path=None, start=False, **options) -> TrainIntake:
+    values = {"socket": str(tmp_path / "steps.sock") if tmp_path else "/nonexistent/steps.sock",
+              "socket_group": None, "max_jobs": 64, "max_ranks": 1024, "expiry": 300.0}
+    values.update(options)
+    return TrainIntake(TrainOptions(**values), NODE, start=start)
+
+
+class _Registry:
+    """Reads an intake's rendered families the way Prometheus would see them."""
+
+    def __init__(self, intake: TrainIntake) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(intake)
+
+    def get(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, {"node": NODE, **labels})
+
+
+def _datagram(job="job-a", rank=0, steps=1, instance=1, gpu=-1, seconds=1.0, **extra) -> bytes:
+    buckets = [0] * wire.N_BUCKETS
+    buckets[wire.STEP_BUCKETS.index(1.5)] = steps
+    fields = {"job_id": job, "rank": rank, "gpu": gpu, "instance": instance, "steps": steps,
+              "tokens": 1000.0 * steps, "model_flops": 1e12 * steps, "hardware_flops": 1.3e12 * steps,
+              "step_seconds": seconds * steps, "buckets": tuple(buckets),
+              "phases": {"data": 0.1 * steps, "compute": 0.6 * steps, "comm": 0.2 * steps,
+                         "optimizer": 0.05 * steps, "other": 0.05 * steps}}
+    fields.update(extra)
+    return wire.encode(wire.StepRecord(**fields))
+
+
+def test_totals_per_rank_and_histogram_per_job():
+    intake = _intake()
+    now = time.monotonic()
+    for steps in (1, 2, 3):
+        intake.handle(_datagram(rank=0, gpu=0, steps=steps), now, 1000.0 + steps)
+        intake.handle(_datagram(rank=1, gpu=1, steps=steps), now, 1000.0 + steps)
+    intake.handle(_datagram(job="job-b", rank=0, steps=7, analytic_flops_per_step=1e12,
+                            measured_flops_per_step=1.01e12), now, 2000.0)
+    assert intake.update() == 0
+    reg = _Registry(intake)
+    rank1 = {"job_id": "job-a", "rank": "1", "gpu": "1"}
+    assert reg.get("flopwatch_train_steps_total", **rank1) == 3
+    assert reg.get("flopwatch_train_tokens_total", **rank1) == 3000
+    assert reg.get("flopwatch_train_model_flops_total", **rank1) == 3e12
+    assert reg.get("flopwatch_train_hardware_flops_total", **rank1) == pytest.approx(3.9e12)
+    assert reg.get("flopwatch_train_phase_seconds_total", phase="compute", **rank1) == pytest.approx(1.8)
+    assert reg.get("flopwatch_train_checkpoint_seconds_total", kind="save", **rank1) == 0
+    assert reg.get("flopwatch_train_last_step_timestamp_seconds", **rank1) == 1003.0
+    assert reg.get("flopwatch_train_client_dropped_events_total", job_id="job-a", rank="1") == 0
+    assert reg.get("flopwatch_train_step_seconds_count", job_id="job-a") == 6      # 2 ranks x 3 steps
+    assert reg.get("flopwatch_train_step_seconds_sum", job_id="job-a") == pytest.approx(6.0)
+    assert reg.get("flopwatch_train_step_seconds_bucket", job_id="job-a", le="1.0") == 0
+    assert reg.get("flopwatch_train_step_seconds_bucket", job_id="job-a", le="1.5") == 6
+    assert reg.get("flopwatch_train_step_seconds_bucket", job_id="job-a", le="+Inf") == 6
+    assert reg.get("flopwatch_train_steps_total", job_id="job-b", rank="0", gpu="") == 7
+    assert reg.get("flopwatch_train_model_flops_per_step", job_id="job-b", rank="0", method="analytic") == 1e12
+    assert reg.get("flopwatch_train_model_flops_per_step", job_id="job-b", rank="0", method="measured") == 1.01e12
+    assert reg.get("flopwatch_train_model_flops_per_step", job_id="job-a", rank="0", method="analytic") is None
+    assert reg.get("flopwatch_train_events_accepted_total") == 7
+    assert all(reg.get("flopwatch_train_events_rejected_total", reason=r) == 0 for r in REASONS)
+
+
+def test_restart_resets_counters_but_the_job_histogram_never_goes_back():
+    intake = _intake()
+    now = time.monotonic()
+    intake.handle(_datagram(steps=10, instance=1), now, 0.0)
+    intake.handle(_datagram(steps=2, instance=2), now + 1, 0.0)    # the process restarted
+    intake.update()
+    reg = _Registry(intake)
+    assert reg.get("flopwatch_train_steps_total", job_id="job-a", rank="0", gpu="") == 2
+    assert reg.get("flopwatch_train_step_seconds_count", job_id="job-a") == 12
+    assert reg.get("flopwatch_train_step_seconds_sum", job_id="job-a") == pytest.approx(12.0)
+
+
+def test_counters_of_one_client_never_move_backwards():
+    intake = _intake()
+    now = time.monotonic()
+    intake.handle(_datagram(steps=5), now, 0.0)
+    intake.handle(_datagram(steps=5), now + 1, 0.0)            # a repeat (flush) is fine
+    intake.handle(_datagram(steps=4), now + 2, 0.0)
+    intake.handle(_datagram(steps=6, tokens=1.0), now + 3, 0.0)  # tokens went down
+    assert intake.accepted == 2 and intake.rejected["non_monotonic"] == 2
+
+
+def test_caps_on_jobs_and_ranks_and_expiry_frees_them():
+    intake = _intake(max_jobs=2, max_ranks=3, expiry=10.0)
+    old = time.monotonic() - 60
+    intake.handle(_datagram(job="a", rank=0), old, 0.0)
+    intake.handle(_datagram(job="b", rank=0), old, 0.0)
+    intake.handle(_datagram(job="c", rank=0), old, 0.0)
+    intake.handle(_datagram(job="b", rank=1), old, 0.0)
+    intake.handle(_datagram(job="b", rank=2), old, 0.0)
+    assert intake.rejected["too_many_jobs"] == 1 and intake.rejected["too_many_ranks"] == 1
+    intake.handle(_datagram(job="a", rank=0, steps=2), old + 1, 0.0)     # known series still flow
+    assert intake.accepted == 4
+    intake.update()                                                      # all idle past expiry
+    assert _Registry(intake).get("flopwatch_train_steps_total", job_id="a", rank="0", gpu="") is None
+    intake.handle(_datagram(job="c", rank=0), time.monotonic(), 0.0)
+    intake.update()
+    assert _Registry(intake).get("flopwatch_train_steps_total", job_id="c", rank="0", gpu="") == 1
+
+
+def test_a_rank_expiring_keeps_its_steps_in_the_job_histogram():
+    intake = _intake(expiry=10.0)
+    now = time.monotonic()
+    intake.handle(_datagram(rank=0, steps=4), now - 60, 0.0)             # went quiet
+    intake.handle(_datagram(rank=1, steps=3), now, 0.0)
+    intake.update()
+    reg = _Registry(intake)
+    assert reg.get("flopwatch_train_steps_total", job_id="job-a", rank="0", gpu="") is None
+    assert reg.get("flopwatch_train_step_seconds_count", job_id="job-a") == 7
+
+
+def test_a_flooding_client_is_rate_limited():
+    intake = _intake()
+    now = time.monotonic()
+    for steps in range(1, 3001):
+        intake.handle(_datagram(steps=steps), now, 0.0)
+    assert intake.accepted == BURST
+    assert intake.rejected["rate_limited"] == 3000 - BURST
+    intake.handle(_datagram(steps=3001), now + 0.01, 0.0)                # 10 ms later: allowance back
+    assert intake.accepted == BURST + 1
+
+
+def test_events_from_the_client_over_the_socket(tmp_path):
+    intake = _intake(tmp_path, start=True)
+    try:
+        info = os.stat(intake.path)
+        assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o660
+        mon = StepMonitor(2e12, 512, socket_path=str(intake.path), min_interval=0,
+                          environ={"FLOPWATCH_JOB_ID": "4711", "RANK": "3", "LOCAL_RANK": "3"})
+        for _ in range(20):
+            with mon.step(), mon.phase("compute"):
+                pass
+        mon.checkpoint(seconds=4.0, kind="save")
+        deadline = time.monotonic() + 5
+        while intake.accepted < mon.sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mon.flush()               # back-to-back steps may overflow the kernel queue: the last one counts
+        while intake.accepted < mon.sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        intake.update()
+        reg = _Registry(intake)
+        labels = {"job_id": "4711", "rank": "3", "gpu": "3"}
+        assert reg.get("flopwatch_train_steps_total", **labels) == 20
+        assert reg.get("flopwatch_train_model_flops_total", **labels) == 40e12
+        assert reg.get("flopwatch_train_checkpoint_seconds_total", kind="save", **labels) == 4.0
+        assert reg.get("flopwatch_train_client_dropped_events_total", job_id="4711", rank="3") == mon.dropped
+        assert intake.accepted == mon.sent == 22 - mon.dropped
+    finally:
+        intake.close()
+    assert not intake.path.exists()
+
+
+def test_full_exposition_passes_promtool(tmp_path):
+    intake = _intake(tmp_path, start=True)
+    agent = Agent(NODE, [intake], "none")
+    try:
+        intake.handle(_datagram(rank=0, analytic_flops_per_step=1e12), time.monotonic(), time.time())
+        agent.collect_once()
+        exposition = agent.exposition()
+    finally:
+        agent.close()
+    assert b"flopwatch_train_step_seconds_bucket" in exposition
+    try:
+        result = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True,
+                                timeout=30, check=False)
+    except FileNotFoundError:
+        pytest.fail("promtool not found: install the Debian package `prometheus`")
+    assert result.returncode == 0 and not result.stdout and not result.stderr, result.stdout + result.stderr
+
+
+# -- the socket -----------------------------------------------------------------------------------
+def test_a_stale_socket_is_replaced_and_a_live_one_refused(tmp_path):
+    path = tmp_path / "steps.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stale.bind(str(path))
+    stale.close()                                                  # an agent that died
+    sock, _ = open_socket(path, None)
+    try:
+        with pytest.raises(IntakeError, match="another process is already reading"):
+            open_socket(path, None)
+    finally:
+        sock.close()
+
+
+def test_a_file_that_is_not_a_socket_is_left_alone(tmp_path):
+    path = tmp_path / "steps.sock"
+    path.write_text("precious")
+    with pytest.raises(IntakeError, match="not a socket"):
+        open_socket(path, None)
+    assert path.read_text() == "precious"
+
+
+def test_socket_group_and_mode(tmp_path):
+    group = grp.getgrnam("daemon")
+    sock, _ = open_socket(tmp_path / "steps.sock", "daemon")
+    try:
+        info = os.stat(tmp_path / "steps.sock")
+        assert info.st_gid == group.gr_gid and stat.S_IMODE(info.st_mode) == 0o660
+    finally:
+        sock.close()
+    with pytest.raises(IntakeError, match="not a group"):
+        open_socket(tmp_path / "other.sock", "no-such-group-here")
+    assert [p.name for p in tmp_path.iterdir()] == ["steps.sock"]
+
+
+def test_a_world_writable_directory_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(IntakeError, match="writable by others"):
+        open_socket(shared / "steps.sock", None)
+
+
+def test_close_leaves_a_newer_agents_socket(tmp_path):
+    first = _intake(tmp_path, start=True)
+    os.unlink(first.path)
+    newer = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    newer.bind(str(first.path))
+    try:
+        first.close()
+        assert first.path.exists()
+    finally:
+        newer.close()
+
+
+def test_build_agent_wires_the_intake_and_reports_socket_problems(tmp_path):
+    path = tmp_path / "run" / "steps.sock"
+    config = cfg.load(overrides={"backend": "sim", "node": NODE, "collectors.train": True,
+                                 "train.socket": str(path)}, environ={})
+    agent = build_agent(config)
+    try:
+        assert any(isinstance(c, TrainIntake) for c in agent.collectors)
+        assert path.exists()
+        agent.collect_once()
+        assert b'flopwatch_train_events_accepted_total{node="n1"} 0.0' in agent.exposition()
+    finally:
+        agent.close()
+    assert not path.exists()
+    path.parent.rmdir()
+    path.parent.write_text("a file where the directory should be")
+    with pytest.raises(UsageError, match="cannot create"):
+        build_agent(config)
+
+
+def test_config_keys():
+    config = cfg.load(overrides={"train.max_jobs": "8", "train.expiry": "60", "train.socket_group": "daemon"},
+                      environ={"FLOPWATCH_TRAIN_SOCKET": "/tmp/x/steps.sock"})
+    assert config.train == TrainOptions("/tmp/x/steps.sock", "daemon", 8, 1024, 60.0)
+    assert config.collectors["train"] is False
+    if os.geteuid() == 0:
+        assert cfg.load(environ={}).train.socket == wire.DEFAULT_SOCKET
+    for key, value in (("train.max_jobs", 0), ("train.max_ranks", "x"), ("train.expiry", 5)):
+        with pytest.raises(cfg.ConfigError, match=key):
+            cfg.load(overrides={key: value}, environ={})
+
+
+# -- hostile input --------------------------------------------------------------------------------
+VALID = _datagram(steps=3)
+NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.just(-0.0), st.just(-1e-300))
+
+
+@st.composite
+def hostile_datagrams(draw) -> bytes:
+    kind = draw(st.sampled_from(["random", "flip", "cut", "grow", "fields"]))
+    if kind == "random":
+        return draw(st.binary(max_size=600))
+    data = bytearray(VALID)
+    if kind == "flip":
+        for _ in range(draw(st.integers(1, 8))):
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+        return bytes(data)
+    if kind == "cut":
+        return bytes(data[:draw(st.integers(0, len(data)))])
+    if kind == "grow":
+        return bytes(data) + draw(st.binary(min_size=1, max_size=400))
+    offset = wire.HEAD.size + 16 + 4 * wire.N_BUCKETS + 8 * draw(st.integers(0, 12))
+    struct.pack_into("<d", data, offset, draw(NUMBERS))
+    struct.pack_into("<I", data, 4, draw(st.integers(0, 2**32 - 1)))          # rank
+    return bytes(data)
+
+
+@st.composite
+def plausible_datagrams(draw) -> bytes:
+    """Well-formed datagrams from many jobs and ranks with arbitrary (often hostile) numbers."""
+    steps = draw(st.integers(0, 2**40))
+    bucket = draw(st.integers(0, wire.N_BUCKETS - 1))
+    buckets = tuple(steps if i == bucket else 0 for i in range(wire.N_BUCKETS)) if steps < 2**32 else ()
+    return wire.encode(wire.StepRecord(
+        job_id=draw(st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=8)),
+        rank=draw(st.integers(0, 40)), instance=draw(st.integers(0, 3)), gpu=draw(st.integers(-1, 8)),
+        steps=steps if buckets else 0, buckets=buckets, tokens=draw(NUMBERS), model_flops=draw(NUMBERS),
+        phases={name: draw(NUMBERS) for name in draw(st.sets(st.sampled_from(wire.PHASES)))},
+        dropped=draw(st.integers(0, 2**64 - 1)),
+    ))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(hostile_datagrams(), plausible_datagrams()), max_size=60))
+def test_fuzzed_datagrams_never_raise_nor_grow_past_the_caps(datagrams):
+    intake = _intake(max_jobs=5, max_ranks=12)
+    now = time.monotonic()
+    for i, data in enumerate(datagrams):
+        intake.handle(data, now + i * 1e-4, 1.0)
+    assert intake.accepted + sum(intake.rejected.values()) == len(datagrams)
+    assert len(intake._jobs) <= 5 and len(intake._ranks) <= 12
+    assert set(intake.rejected) == set(REASONS)
+    intake.update()
+    for family in intake.collect():
+        for sample in family.samples:
+            assert math.isfinite(sample.value) and sample.value >= 0, sample
