@@ -21,58 +21,20 @@ import http.client
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
-from flopwatch.stack import MissingBinary, NodeExporter, ServerError, ServerProcess
+from flopwatch.stack import AgentProcess, MissingBinary, NodeExporter, ServerError
 
 GPUS = 8
 MODEL = "H100-SXM"
 MEDIAN_RATIO_TARGET = 0.2
 CPU_TARGET_PERCENT = 1.0
-
-
-class AgentProcess(ServerProcess):
-    """`flopwatch agent` from this virtualenv on simulated GPUs, ready when /healthz is 200."""
-
-    binary = str(Path(sys.executable).parent / "flopwatch")
-    package = "flopwatch (pip install -e . into this virtualenv)"
-    ready_path = "/healthz"
-
-    def __init__(self, interval: float) -> None:
-        # ServerProcess names its temporary directory after `binary`, which is a path here.
-        super().__init__(workdir=Path(tempfile.mkdtemp(prefix="flopwatch-agent-")))
-        self.interval = interval
-
-    def args(self) -> list[str]:
-        return [
-            "agent",
-            "--backend",
-            "sim",
-            "--sim-gpus",
-            str(GPUS),
-            "--sim-model",
-            MODEL,
-            "--interval",
-            f"{self.interval:g}",
-            "--node",
-            "bench-node",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--log-level",
-            "warning",
-        ]
-
-    def stop(self, timeout: float = 10.0) -> None:
-        super().stop(timeout)
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class Scraper:
@@ -157,7 +119,8 @@ def machine() -> str:
 def measure(scrapes: int, cpu_window: float, interval: float) -> Figures:
     started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     host = machine()
-    with AgentProcess(interval) as agent, NodeExporter() as node:
+    with AgentProcess(node="bench-node", model=MODEL, interval=interval, extra=["--log-level", "warning"]) as agent, \
+            NodeExporter() as node:
         assert agent.proc is not None and node.proc is not None
         agent_ps, node_ps = psutil.Process(agent.proc.pid), psutil.Process(node.proc.pid)
         time.sleep(2 * interval)  # a few collection cycles: the agent's exposition is complete

@@ -7,7 +7,9 @@ check), 2 bad usage or configuration (including "no GPU driver" for the agent), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -112,3 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"flopwatch {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `flopwatch ... | head`: the reader left; not an error worth a trace
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps interpreter exit quiet
+        return EXIT_OK

@@ -85,3 +85,38 @@ def test_run_keeps_schedule_and_stops(sim_config):
     assert not thread.is_alive()
     assert 6 <= agent.cycles <= 12
     agent.close()
+
+
+def test_healthz_turns_503_when_collection_stalls(sim_config, monkeypatch):
+    agent = build_agent(sim_config)
+    assert agent.route("/healthz").status == 503  # nothing collected yet
+    agent.collect_once()
+    agent.interval = 1.0
+    assert agent.route("/healthz").status == 200
+    agent.last_cycle_at -= 60
+    answer = agent.route("/healthz")
+    assert answer.status == 503 and b"stale" in answer.body
+    agent.close()
+
+
+def test_a_failing_cycle_does_not_stop_the_loop(sim_config, caplog):
+    agent = build_agent(sim_config)
+    calls = []
+    original = agent.collect_once
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("render bug")
+        original()
+
+    agent.collect_once = flaky
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(0.05, stop))
+    thread.start()
+    time.sleep(0.3)
+    stop.set()
+    thread.join(2)
+    assert len(calls) >= 3 and agent.cycles >= 2
+    assert "collection cycle failed" in caplog.text
+    agent.close()

@@ -80,6 +80,8 @@ class Agent:
         self._self_renderer = ExpositionRenderer()
         self._exposition = b""
         self.cycles = 0
+        self.interval: float | None = None       # set by run(); /healthz judges staleness by it
+        self.last_cycle_at: float | None = None  # monotonic time of the last finished cycle
 
     # -- collection ----------------------------------------------------------------------------
     def collect_once(self) -> None:
@@ -100,15 +102,20 @@ class Agent:
         self._self_renderer.render_into(self._self_metrics.collect(), out)
         self._exposition = "".join(out).encode()
         self.cycles += 1
+        self.last_cycle_at = time.monotonic()
 
     def exposition(self) -> bytes:
         return self._exposition
 
     def run(self, interval: float, stop: threading.Event) -> None:
         """Collect every `interval` seconds on a fixed schedule until `stop` is set."""
+        self.interval = interval
         next_at = time.monotonic()
         while not stop.is_set():
-            self.collect_once()
+            try:
+                self.collect_once()
+            except Exception:  # keep collecting; /healthz turns 503 if this keeps happening
+                log.exception("collection cycle failed")
             next_at += interval
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (slow hardware): skip missed slots instead of bursting
@@ -131,11 +138,19 @@ class Agent:
         if path == "/metrics":
             return Response(200, self._exposition, METRICS_CONTENT_TYPE)
         if path == "/healthz":
-            return Response(200 if self.cycles else 503, b"ok\n" if self.cycles else b"starting\n",
-                            "text/plain")
+            return self._health()
         if path == "/":
             return Response(200, LANDING_PAGE, "text/html; charset=utf-8")
         return Response(404, b"not found; metrics are at /metrics\n", "text/plain")
+
+    def _health(self) -> Response:
+        """200 while cycles finish on time; 503 before the first and when three are missed."""
+        if self.last_cycle_at is None:
+            return Response(503, b"starting: no collection has finished yet\n", "text/plain")
+        age = time.monotonic() - self.last_cycle_at
+        if self.interval is not None and age > 3 * self.interval + 5:
+            return Response(503, f"stale: last collection finished {age:.0f}s ago\n".encode(), "text/plain")
+        return Response(200, b"ok\n", "text/plain")
 
     def serve(self, host: str, port: int) -> tuple[str, int]:
         self.http = HttpServer(host, port, self.route)

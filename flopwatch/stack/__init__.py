@@ -5,10 +5,12 @@ checks, logs and cleanup live in one place: each server runs in its own process 
 on context exit, on Ctrl-C and at interpreter exit, and leaves no process behind.
 """
 
+from flopwatch.stack.agent import AgentProcess
 from flopwatch.stack.process import MissingBinary, ServerError, ServerProcess, free_port, stop_all
 from flopwatch.stack.servers import Alertmanager, NodeExporter, Prometheus, VictoriaMetrics
 
 __all__ = [
+    "AgentProcess",
     "Alertmanager",
     "MissingBinary",
     "NodeExporter",

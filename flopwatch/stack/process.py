@@ -60,7 +60,7 @@ class ServerProcess:
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self._own_dir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"flopwatch-{self.binary}-"))
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"flopwatch-{Path(self.binary).name}-"))
         self.log_path = self.workdir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -71,16 +71,20 @@ class ServerProcess:
     def args(self) -> list[str]:
         raise NotImplementedError
 
+    def command(self) -> list[str]:
+        """The program to run (before args()); a missing binary names its Debian package."""
+        return [require_binary(self.binary, self.package)]
+
     def prepare(self) -> None:
         """Write config files into workdir before the process starts."""
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> Self:
-        path = require_binary(self.binary, self.package)
+        command = self.command()
         self.prepare()
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
-                [path, *self.args()], cwd=self.workdir, stdout=log_file, stderr=subprocess.STDOUT,
+                [*command, *self.args()], cwd=self.workdir, stdout=log_file, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
         with _LIVE_LOCK:

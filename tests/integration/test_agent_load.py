@@ -9,21 +9,17 @@ re-rendering every second, so a scrape racing a render would show up as a torn o
 from __future__ import annotations
 
 import http.client
-import shutil
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flopwatch.catalog import all_metrics
-from flopwatch.stack import ServerProcess
+from flopwatch.stack import AgentProcess
 
 pytestmark = pytest.mark.integration
 
@@ -32,39 +28,6 @@ SCRAPES = 200
 WARMUP_SCRAPES = 20
 GPUS = 8
 RSS_TOLERANCE = 0.05
-
-
-class AgentProcess(ServerProcess):
-    """`flopwatch agent` from this virtualenv on 8 simulated H100s, ready when /healthz is 200."""
-
-    binary = str(Path(sys.executable).parent / "flopwatch")
-    package = "flopwatch (pip install -e . into this virtualenv)"
-    ready_path = "/healthz"
-
-    def __init__(self) -> None:
-        # ServerProcess names its temporary directory after `binary`, which is a path here.
-        super().__init__(workdir=Path(tempfile.mkdtemp(prefix="flopwatch-agent-")))
-
-    def args(self) -> list[str]:
-        return [
-            "agent",
-            "--backend",
-            "sim",
-            "--sim-gpus",
-            str(GPUS),
-            "--sim-model",
-            "H100-SXM",
-            "--interval",
-            "1",
-            "--node",
-            "load-node",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-        ]
-
-    def stop(self, timeout: float = 10.0) -> None:
-        super().stop(timeout)
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -179,7 +142,7 @@ def get(port: int, path: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def agent() -> Iterator[AgentProcess]:
-    with AgentProcess() as process:
+    with AgentProcess(node="load-node") as process:
         time.sleep(1.5)  # one scrape counted and a render after it: the exposition's shape is final
         yield process
 

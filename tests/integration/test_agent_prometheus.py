@@ -8,12 +8,10 @@ script, its HTTP server, config handling and signal handling are the real ones, 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +25,7 @@ from flopwatch.catalog import Metric, by_name, metrics_of
 from flopwatch.catalog import agent as agent_catalog
 from flopwatch.catalog import gpu as gpu_catalog
 from flopwatch.promql import PromClient
-from flopwatch.stack import Prometheus, ServerProcess, free_port
+from flopwatch.stack import AgentProcess, Prometheus, free_port
 from flopwatch.stack.process import require_binary
 from flopwatch.stack.servers import scrape_job
 
@@ -41,41 +39,6 @@ JOB = "flopwatch-agent"
 #: healthy simulated GPUs have nothing to count, and the collector leaves empty families out.
 EVENT_ONLY = {gpu_catalog.READ_ERRORS.name, gpu_catalog.XID_ERRORS.name}
 EXPECTED = [metric for metric in metrics_of(gpu_catalog) + metrics_of(agent_catalog) if metric.name not in EVENT_ONLY]
-
-
-class AgentProcess(ServerProcess):
-    """`flopwatch agent` from this virtualenv, on the simulated backend, ready when /healthz is 200."""
-
-    binary = FLOPWATCH
-    package = "flopwatch (pip install -e . into this virtualenv)"
-    ready_path = "/healthz"
-
-    def __init__(self, *extra: str) -> None:
-        # ServerProcess names its temporary directory after `binary`, which is a path here.
-        super().__init__(workdir=Path(tempfile.mkdtemp(prefix="flopwatch-agent-")))
-        self.extra = list(extra)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        super().stop(timeout)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def args(self) -> list[str]:
-        return [
-            "agent",
-            "--backend",
-            "sim",
-            "--sim-gpus",
-            str(GPUS),
-            "--sim-model",
-            "H100-SXM",
-            "--interval",
-            "1",
-            "--node",
-            NODE,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            *self.extra,
-        ]
 
 
 def fetch(url: str) -> bytes:
@@ -93,7 +56,7 @@ def series_of(exposition: str) -> set[tuple[str, frozenset[tuple[str, str]]]]:
 
 @pytest.fixture(scope="module")
 def agent() -> Iterator[AgentProcess]:
-    with AgentProcess() as process:
+    with AgentProcess(node=NODE) as process:
         yield process
 
 
@@ -180,7 +143,7 @@ def test_promtool_check_metrics_prints_nothing(agent: AgentProcess) -> None:
 
 
 def test_sigterm_stops_the_agent_with_exit_0_and_nothing_left() -> None:
-    process = AgentProcess().start()
+    process = AgentProcess(node=NODE).start()
     assert process.proc is not None
     pid = process.proc.pid
     try:
