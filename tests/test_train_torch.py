@@ -1,0 +1,213 @@
+"""The PyTorch integration on the CPU build of torch: hooks, the DDP communication hook, lazy clocks.
+
+Single-process here (gloo, world size 1); the 3-rank straggler job is in tests/integration. CUDA
+events cannot run on this machine: the lazy path is driven by a stand-in clock whose marks become
+ready only when the test says so — the one seam faked, at the clock.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from flopwatch.train import StepMonitor, wire
+from flopwatch.train import torch as integration
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    path = str(tmp_path / "steps.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.setblocking(False)
+
+    def last() -> wire.StepRecord | None:
+        record = None
+        while True:
+            try:
+                record = wire.decode(server.recv(4096))
+            except BlockingIOError:
+                return record
+
+    yield path, last
+    server.close()
+
+
+@pytest.fixture
+def gloo(tmp_path):
+    """A one-rank gloo process group on a file store (no network at all)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class Slow(nn.Module):
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__()
+        self.delay = delay
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay)
+        return self.net(x)
+
+
+def _monitor(path: str) -> StepMonitor:
+    return StepMonitor(1e9, 100, socket_path=path, min_interval=0, environ={"FLOPWATCH_JOB_ID": "t", "RANK": "0"})
+
+
+def _train(model, optimizer, steps: int, data_delay: float = 0.0) -> None:
+    x = torch.randn(8, 32)
+    for _ in range(steps):
+        time.sleep(data_delay)                       # the data loader
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_plain_module_gets_data_compute_and_optimizer(receiver):
+    path, last = receiver
+    model = Slow(delay=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    telemetry = integration.instrument(model, _monitor(path), optimizer)
+    assert not telemetry.comm_timed
+    _train(model, optimizer, 5, data_delay=0.005)
+    with torch.no_grad():
+        model(torch.randn(2, 32))                    # evaluation does not start a step's compute
+    telemetry.close()
+    record = last()
+    assert record.steps == 5
+    assert record.phases["compute"] >= 5 * 0.01
+    assert record.phases["data"] >= 4 * 0.005        # the first step starts at its forward
+    assert record.phases["optimizer"] > 0 and record.phases["comm"] == 0
+    assert sum(record.phases.values()) == pytest.approx(record.step_seconds)
+    _train(model, optimizer, 2)                      # hooks removed: nothing more is reported
+    assert last() is None
+
+
+def test_ddp_comm_hook_times_the_allreduce_and_keeps_gradients_right(receiver, gloo):
+    path, last = receiver
+    torch.manual_seed(0)
+    reference = Slow()
+    model = DistributedDataParallel(copy.deepcopy(reference))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    telemetry = integration.instrument(model, _monitor(path), optimizer)
+    assert telemetry.comm_timed
+    torch.manual_seed(1)
+    _train(model, optimizer, 4)
+    torch.manual_seed(1)
+    _train(reference, reference_optimizer, 4)
+    telemetry.close()
+    for ours, theirs in zip(model.module.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-6)
+    record = last()
+    assert record.steps == 4
+    assert record.phases["compute"] > 0 and record.phases["comm"] > 0
+
+
+def test_a_users_comm_hook_is_wrapped_not_replaced(receiver, gloo):
+    path, last = receiver
+    model = DistributedDataParallel(Slow())
+    before = [p.detach().clone() for p in model.parameters()]
+    calls = []
+
+    def zero_hook(state, bucket):
+        calls.append(state)
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer().mul_(0))
+        return future
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    telemetry = integration.instrument(model, _monitor(path), optimizer, comm_hook=zero_hook,
+                                       comm_state="mine")
+    _train(model, optimizer, 2)
+    telemetry.close()
+    assert calls and set(calls) == {"mine"}
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert last().steps == 2
+
+
+def test_comm_hook_on_a_plain_module_is_refused(receiver):
+    path, _ = receiver
+    with pytest.raises(ValueError, match="DistributedDataParallel"):
+        integration.instrument(Slow(), _monitor(path), comm_hook=lambda s, b: None)
+
+
+class LazyClock:
+    """Marks that complete only when the test says the device got there (like CUDA events)."""
+
+    lazy = True
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.device_at = -1.0
+        self.waits = 0
+
+    def mark(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def ready(self, mark: float) -> bool:
+        return mark <= self.device_at
+
+    def seconds(self, start: float, end: float) -> float:
+        assert self.ready(start) and self.ready(end), "read an event the device has not reached"
+        return end - start
+
+    def wait(self, mark: float) -> None:
+        self.waits += 1
+        self.device_at = max(self.device_at, mark)
+
+
+def test_lazy_marks_are_read_at_later_steps_without_waiting(receiver):
+    path, last = receiver
+    clock = LazyClock()
+    model = Slow()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    telemetry = integration.instrument(model, _monitor(path), optimizer, clock=clock)
+    _train(model, optimizer, 3)                       # the device has not finished anything yet
+    assert last() is None
+    clock.device_at = clock.now                       # now it has finished those three
+    _train(model, optimizer, 1)
+    assert last().steps == 3 and clock.waits == 0
+    telemetry.close()                                 # at the end, and only then, wait for the rest
+    record = last()
+    assert record.steps == 4 and clock.waits >= 1
+    # per step: forward, optimizer start, optimizer end = 3 marks, 1 s apart
+    assert record.phases["compute"] == 4 * 1.0 and record.phases["optimizer"] == 4 * 1.0
+    assert record.phases["data"] == 3 * 1.0
+
+
+def test_a_device_far_behind_still_counts_every_step(receiver):
+    path, last = receiver
+    clock = LazyClock()
+    model = Slow()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    integration.instrument(model, _monitor(path), optimizer, clock=clock)
+    steps = integration.MAX_PENDING_STEPS + 5
+    _train(model, optimizer, steps)
+    record = last()
+    assert record.steps == 5 and record.step_seconds == 0.0     # reported untimed, never lost
+
+
+def test_hooks_never_raise_into_training(receiver):
+    path, last = receiver
+
+    class Broken(integration.CpuClock):
+        def mark(self) -> float:
+            raise RuntimeError("clock broke")
+
+    model = Slow()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = _monitor(path)
+    integration.instrument(model, monitor, optimizer, clock=Broken())
+    _train(model, optimizer, 3)
+    assert monitor.dropped >= 3 and last() is None
