@@ -113,6 +113,15 @@ class Blocks:
         series.append((self.node, *labels))
         self.values[metric].append(float(value))
 
+    def lists(self, metric: CatalogMetric) -> tuple[list[tuple[str, ...]], list[float]]:
+        """The series and values lists of `metric`, for collectors that append in bulk; series
+        tuples must start with the node, values must be floats."""
+        series = self.series.get(metric)
+        if series is None:
+            series = self.series[metric] = []
+            self.values[metric] = []
+        return series, self.values[metric]
+
     def add_histogram(self, metric: CatalogMetric, labels: Sequence[str],
                       cumulative: Sequence[tuple[float, float]], total: float) -> None:
         """A histogram: (upper bound, cumulative count) pairs ending with +Inf, and the sum."""

@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from flopwatch.exporters.http import HttpServer, Response
@@ -34,6 +35,7 @@ class FleetServer:
         self.lock = threading.Lock()   # held while the fleet changes (ticks, injected faults)
         self.ticks = 0
         self.last_tick_seconds = 0.0
+        self.tick_seconds: deque[float] = deque(maxlen=10_000)  # recent tick costs, for benchmarks
 
     @property
     def address(self) -> tuple[str, int]:
@@ -60,6 +62,7 @@ class FleetServer:
             self.render_all()
         self.ticks += 1
         self.last_tick_seconds = time.perf_counter() - started
+        self.tick_seconds.append(self.last_tick_seconds)
 
     def start(self) -> tuple[str, int]:
         self.render_all()

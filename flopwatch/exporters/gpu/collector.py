@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -56,6 +56,22 @@ class _Snapshot:
     states: tuple[tuple[int, bool, GpuReading | None, GpuReading | None, dict[str, int]], ...]
     xids: dict[tuple[int, int], int]
     peaks: dict[int, dict[str, float]]
+
+
+#: Readings with one value per GPU (label `gpu` only): catalogue metric <- GpuReading attribute.
+SCALAR_READINGS: tuple[tuple[m.Metric, str], ...] = (
+    (m.UTILIZATION, "utilization"), (m.MEMORY_UTILIZATION, "memory_utilization"),
+    (m.SM_CLOCK, "sm_clock_hz"), (m.SM_CLOCK_MAX, "sm_clock_max_hz"), (m.MEMORY_CLOCK, "memory_clock_hz"),
+    (m.POWER, "power_watts"), (m.POWER_LIMIT, "power_limit_watts"), (m.ENERGY, "energy_joules"),
+    (m.TEMPERATURE, "temperature_c"), (m.MEMORY_TEMPERATURE, "memory_temperature_c"),
+    (m.MEMORY_USED, "memory_used_bytes"), (m.MEMORY_TOTAL, "memory_total_bytes"),
+    (m.PCIE_GENERATION, "pcie_generation"), (m.PCIE_WIDTH, "pcie_width"),
+    (m.PCIE_MAX_GENERATION, "pcie_max_generation"), (m.PCIE_MAX_WIDTH, "pcie_max_width"),
+    (m.PCIE_REPLAYS, "pcie_replays"), (m.ECC_CORRECTED, "ecc_corrected"),
+    (m.ECC_UNCORRECTED, "ecc_uncorrected"), (m.ROW_REMAP_PENDING, "row_remap_pending"),
+    (m.ROW_REMAP_FAILED, "row_remap_failed"), (m.SM_ACTIVE, "sm_active"), (m.SM_OCCUPANCY, "sm_occupancy"),
+    (m.TENSOR_ACTIVE, "tensor_active"), (m.DRAM_ACTIVE, "dram_active"),
+)
 
 
 class _InlineExecutor:
@@ -186,10 +202,14 @@ class GpuCollector:
         return self.blocks().families()
 
     def blocks(self) -> Blocks:
-        """The last snapshot as catalogue blocks (the agent renders these through a template)."""
+        """The last snapshot as catalogue blocks (the agent renders these through a template).
+
+        Built metric by metric over all GPUs (not GPU by GPU) so each metric's lists are looked up
+        once: this loop runs for every node of a simulated fleet every tick."""
         snap = self._snapshot
         out = Blocks(self.node)
         put = out.add
+        readings: list[tuple[str, GpuReading]] = []
         for index, up, reading, last_known, errors in snap.states:
             gpu = str(index)
             put(m.UP, (gpu,), up)
@@ -200,41 +220,31 @@ class GpuCollector:
             for dtype, flops in sorted(snap.peaks.get(index, {}).items()):
                 put(m.PEAK_FLOPS, (gpu, dtype), flops)
             if reading is not None:
-                self._put_reading(put, gpu, reading)
+                readings.append((gpu, reading))
+        node = self.node
+        for metric, attribute in SCALAR_READINGS:
+            series, values = out.lists(metric)
+            for gpu, reading in readings:
+                value = getattr(reading, attribute)
+                if value is not None:
+                    series.append((node, gpu))
+                    values.append(float(value))
+        for gpu, r in readings:
+            if r.pids is not None:
+                put(m.PROCESSES, (gpu,), len(r.pids))
+            for reason, active in sorted((r.clock_events or {}).items()):
+                put(m.CLOCK_EVENT_ACTIVE, (gpu, reason), active)
+            for reason, seconds in sorted((r.violation_seconds or {}).items()):
+                put(m.CLOCK_EVENT_VIOLATION, (gpu, reason), seconds)
+            put(m.PCIE_BYTES, (gpu, "tx"), r.pcie_tx_bytes)
+            put(m.PCIE_BYTES, (gpu, "rx"), r.pcie_rx_bytes)
+            put(m.REMAPPED_ROWS, (gpu, "correctable"), r.remapped_rows_correctable)
+            put(m.REMAPPED_ROWS, (gpu, "uncorrectable"), r.remapped_rows_uncorrectable)
+            for link in r.nvlinks:
+                put(m.NVLINK_BYTES, (gpu, link.link, "tx"), link.tx_bytes)
+                put(m.NVLINK_BYTES, (gpu, link.link, "rx"), link.rx_bytes)
+                for error, count in sorted(link.errors.items()):
+                    put(m.NVLINK_ERRORS, (gpu, link.link, error), count)
         for (index, xid), count in sorted(snap.xids.items()):
             put(m.XID_ERRORS, (str(index), str(xid)), count)
         return out
-
-    @staticmethod
-    def _put_reading(put: Callable[[m.Metric, Sequence[str], float | bool | None], None], gpu: str,
-                     r: GpuReading) -> None:
-        for metric, value in (
-            (m.UTILIZATION, r.utilization), (m.MEMORY_UTILIZATION, r.memory_utilization),
-            (m.SM_CLOCK, r.sm_clock_hz), (m.SM_CLOCK_MAX, r.sm_clock_max_hz),
-            (m.MEMORY_CLOCK, r.memory_clock_hz), (m.POWER, r.power_watts),
-            (m.POWER_LIMIT, r.power_limit_watts), (m.ENERGY, r.energy_joules),
-            (m.TEMPERATURE, r.temperature_c), (m.MEMORY_TEMPERATURE, r.memory_temperature_c),
-            (m.MEMORY_USED, r.memory_used_bytes), (m.MEMORY_TOTAL, r.memory_total_bytes),
-            (m.PCIE_GENERATION, r.pcie_generation), (m.PCIE_WIDTH, r.pcie_width),
-            (m.PCIE_MAX_GENERATION, r.pcie_max_generation), (m.PCIE_MAX_WIDTH, r.pcie_max_width),
-            (m.PCIE_REPLAYS, r.pcie_replays), (m.ECC_CORRECTED, r.ecc_corrected),
-            (m.ECC_UNCORRECTED, r.ecc_uncorrected), (m.ROW_REMAP_PENDING, r.row_remap_pending),
-            (m.ROW_REMAP_FAILED, r.row_remap_failed), (m.SM_ACTIVE, r.sm_active),
-            (m.SM_OCCUPANCY, r.sm_occupancy), (m.TENSOR_ACTIVE, r.tensor_active),
-            (m.DRAM_ACTIVE, r.dram_active),
-            (m.PROCESSES, None if r.pids is None else len(r.pids)),
-        ):
-            put(metric, (gpu,), value)
-        for reason, active in sorted((r.clock_events or {}).items()):
-            put(m.CLOCK_EVENT_ACTIVE, (gpu, reason), active)
-        for reason, seconds in sorted((r.violation_seconds or {}).items()):
-            put(m.CLOCK_EVENT_VIOLATION, (gpu, reason), seconds)
-        put(m.PCIE_BYTES, (gpu, "tx"), r.pcie_tx_bytes)
-        put(m.PCIE_BYTES, (gpu, "rx"), r.pcie_rx_bytes)
-        put(m.REMAPPED_ROWS, (gpu, "correctable"), r.remapped_rows_correctable)
-        put(m.REMAPPED_ROWS, (gpu, "uncorrectable"), r.remapped_rows_uncorrectable)
-        for link in r.nvlinks:
-            put(m.NVLINK_BYTES, (gpu, link.link, "tx"), link.tx_bytes)
-            put(m.NVLINK_BYTES, (gpu, link.link, "rx"), link.rx_bytes)
-            for error, count in sorted(link.errors.items()):
-                put(m.NVLINK_ERRORS, (gpu, link.link, error), count)

@@ -202,15 +202,14 @@ class SimulatedGpu:
         w, f, m, c = self.workload, self.faults, self.model, self.c
         busy = 0.0 if self.idle else w.busy
         links = self._nvlinks(nvlink_per_link)
+        temperature = int(self.temperature_c)
         return GpuReading(
             index=self.index, uuid=self.uuid, model=m.name, driver_version=SIM_DRIVER_VERSION,
-            utilization=round(min(1.0, busy), 2),
-            memory_utilization=round(min(1.0, 0.4 * busy + 0.2 * w.tensor), 2),
+            utilization=min(1.0, busy), memory_utilization=min(1.0, 0.4 * busy + 0.2 * w.tensor),
             sm_clock_hz=self.sm_clock_hz, sm_clock_max_hz=m.sm_clock_max_mhz * MHZ,
             memory_clock_hz=m.memory_clock_mhz * MHZ,
-            power_watts=round(self.power_watts, 3), power_limit_watts=self.power_limit(),
-            energy_joules=round(c.energy_j, 3),
-            temperature_c=round(self.temperature_c), memory_temperature_c=round(self.temperature_c + 4),
+            power_watts=self.power_watts, power_limit_watts=self.power_limit(), energy_joules=c.energy_j,
+            temperature_c=temperature, memory_temperature_c=temperature + 4,
             memory_used_bytes=float(int(m.memory_bytes * w.memory_fraction)),
             memory_total_bytes=float(m.memory_bytes),
             clock_events=self.clock_events(),
@@ -223,8 +222,8 @@ class SimulatedGpu:
             ecc_corrected=c.ecc_corrected, ecc_uncorrected=c.ecc_uncorrected,
             remapped_rows_correctable=0.0, remapped_rows_uncorrectable=float(self.remapped_uncorrectable),
             row_remap_pending=False, row_remap_failed=False,
-            sm_active=round(busy * 0.95, 4), sm_occupancy=round(busy * 0.45, 4),
-            tensor_active=round(min(w.tensor, busy), 4), dram_active=round(busy * 0.35, 4),
+            sm_active=busy * 0.95, sm_occupancy=busy * 0.45,
+            tensor_active=min(w.tensor, busy), dram_active=busy * 0.35,
             pids=[],
         )
 
