@@ -105,6 +105,22 @@ def test_restart_resets_counters_but_the_job_histogram_never_goes_back():
     assert reg.get("flopwatch_train_step_seconds_sum", job_id="job-a") == pytest.approx(12.0)
 
 
+def test_a_changed_sender_detail_takes_the_full_check_and_is_kept():
+    intake = _intake()
+    now = time.monotonic()
+    intake.handle(_datagram(steps=1, gpu=-1), now, 0.0)
+    intake.handle(_datagram(steps=2, gpu=-1), now, 0.0)                      # fast path
+    intake.handle(_datagram(steps=3, gpu=5, analytic_flops_per_step=2e12), now, 0.0)   # set_gpu()
+    intake.handle(_datagram(steps=4, gpu=5, analytic_flops_per_step=2e12), now, 0.0)
+    intake.handle(_datagram(steps=3, gpu=5, analytic_flops_per_step=2e12), now, 0.0)   # backwards
+    intake.update()
+    reg = _Registry(intake)
+    assert reg.get("flopwatch_train_steps_total", job_id="job-a", rank="0", gpu="5") == 4
+    assert reg.get("flopwatch_train_model_flops_per_step", job_id="job-a", rank="0", method="analytic") == 2e12
+    assert intake.accepted == 4 and intake.rejected["non_monotonic"] == 1
+    assert len(intake._by_identity) == 1
+
+
 def test_counters_of_one_client_never_move_backwards():
     intake = _intake()
     now = time.monotonic()
@@ -338,6 +354,7 @@ def test_fuzzed_datagrams_never_raise_nor_grow_past_the_caps(datagrams):
         intake.handle(data, now + i * 1e-4, 1.0)
     assert intake.accepted + sum(intake.rejected.values()) == len(datagrams)
     assert len(intake._jobs) <= 5 and len(intake._ranks) <= 12
+    assert len(intake._by_identity) <= len(intake._ranks)
     assert set(intake.rejected) == set(REASONS)
     intake.update()
     for family in intake.collect():

@@ -41,8 +41,9 @@ def receiver(tmp_path):
 
 
 @pytest.fixture
-def gloo(tmp_path):
-    """A one-rank gloo process group on a file store (no network at all)."""
+def gloo(tmp_path, monkeypatch):
+    """A one-rank gloo process group on a file store, its device on loopback."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

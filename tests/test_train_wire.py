@@ -80,6 +80,10 @@ OFF_TOKENS = wire.HEAD.size + 16 + 4 * wire.N_BUCKETS
         (_patch(GOOD, OFF_TOKENS, "<d", math.nan), "bad_value"),
         (_patch(GOOD, OFF_TOKENS, "<d", -1.0), "bad_value"),
         (_patch(GOOD, OFF_TOKENS, "<d", math.inf), "bad_value"),
+        (_patch(GOOD, OFF_TOKENS, "<d", -0.0), "bad_value"),
+        (wire.encode(_record(phases={"comm": math.nan})), "bad_value"),         # partial mask path
+        (wire.encode(_record(phases={"comm": -0.0})), "bad_value"),
+        (wire.encode(_record(phases={"data": 1.0}, tokens=-2.0)), "bad_value"),
         (_patch(GOOD, len(GOOD) - 5 - 8, "<d", math.nan), "bad_value"),   # measured FLOPs gauge
         (_patch(GOOD, len(GOOD) - 5 - 16 - 8, "<d", -0.5), "bad_value"),  # the last phase total
         (_patch(GOOD, OFF_STEPS, "<Q", 5), "malformed"),                  # buckets add up to 4

@@ -27,7 +27,8 @@ then the job id.
     job_len bytes     job_id
 
 So that the intake's hot path is two slices of one unpacked tuple, the running totals are
-contiguous and so are the floats (tokens to the gauges), which must be finite and not negative.
+contiguous and so are the floats (tokens to the gauges), which must be finite and not negative
+(not even -0.0: the check reads their sign bits).
 """
 
 from __future__ import annotations
@@ -144,6 +145,49 @@ def decode(data: bytes) -> StepRecord:
 _FULL = RECORD_STRUCTS[ALL_PHASES_MASK]
 _FULL_SIZE = _FULL.size
 _NO_JOBS: frozenset[bytes] = frozenset()
+#: The floats of a full record read as raw IEEE-754 bits: a double is finite and not negative
+#: exactly when its bits, as an unsigned integer, are below those of +Inf (sign bit clear, exponent
+#: not all ones), so one max() checks them all.
+_FLOAT_OFFSET = HEAD.size + TOTALS.size - 6 * 8
+_FLOAT_BITS = struct.Struct(f"<{6 + len(PHASES) + 2}Q")
+_INF_BITS = 0x7FF0_0000_0000_0000
+_N_FLOAT_TOTALS = I_END_TOTALS - I_TOKENS
+#: The running totals with every double read as its bits. For finite, non-negative doubles the bits
+#: order exactly as the values do, so these tuples compare elementwise like the totals themselves.
+TOTALS_BITS = struct.Struct(f"<QQ{N_BUCKETS}I{_N_FLOAT_TOTALS}Q")
+_AS_DOUBLES = struct.Struct(f"<{_N_FLOAT_TOTALS}d")
+_AS_BITS = struct.Struct(f"<{_N_FLOAT_TOTALS}Q")
+_GAUGES_AT = _FULL_SIZE - GAUGES.size
+_COUNTS = I_TOKENS - I_TOTALS           # steps, dropped and the buckets lead the totals
+
+
+def identity(data: bytes) -> bytes:
+    """Everything in a full-mask datagram but its running totals: sender, instance, gauges, job id.
+
+    Two datagrams with equal identities differ only in totals, so once one of them has passed
+    `split`, `totals_bits` alone validates the other (the intake's fast path).
+    """
+    return data[:HEAD.size] + data[_GAUGES_AT:]
+
+
+def totals_bits(data: bytes) -> tuple[int, ...]:
+    """The totals of a datagram whose identity already passed `split`, checked; else WireError."""
+    bits = TOTALS_BITS.unpack_from(data, HEAD.size)
+    if max(bits[_COUNTS:]) >= _INF_BITS:
+        raise WireError("bad_value", "numbers must be finite and not negative")
+    if sum(bits[2:_COUNTS]) != bits[0]:
+        raise WireError("malformed", "bucket counts do not add up to the step count")
+    return bits
+
+
+def bits_of(record: tuple) -> tuple[int, ...]:
+    """The totals of a record from `split`, as `totals_bits` gives them."""
+    return record[I_TOTALS:I_TOKENS] + _AS_BITS.unpack(_AS_DOUBLES.pack(*record[I_TOKENS:I_END_TOTALS]))
+
+
+def totals_of(bits: tuple[int, ...]) -> tuple:
+    """Back from bits to record[I_TOTALS:I_END_TOTALS] (ints and floats)."""
+    return bits[:_COUNTS] + _AS_DOUBLES.unpack(_AS_BITS.pack(*bits[_COUNTS:]))
 
 
 def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple, bytes]:
@@ -160,6 +204,8 @@ def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple
         if size != _FULL_SIZE + record[I_JOB_LEN]:
             raise WireError("truncated" if size < _FULL_SIZE + record[I_JOB_LEN] else "malformed",
                             f"{size} bytes, expected {_FULL_SIZE + record[I_JOB_LEN]}")
+        if max(_FLOAT_BITS.unpack_from(data, _FLOAT_OFFSET)) >= _INF_BITS:
+            raise WireError("bad_value", "numbers must be finite and not negative")
     job = data[-record[I_JOB_LEN]:]
     if job not in trusted_jobs:
         check_job_id(job)
@@ -168,9 +214,6 @@ def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple
     if record[I_RANK] > MAX_RANK or record[I_LOCAL_RANK] < -1 or record[I_GPU] < -1:
         raise WireError("bad_rank", f"rank {record[I_RANK]}, local_rank {record[I_LOCAL_RANK]}, "
                         f"gpu {record[I_GPU]}")
-    floats = record[I_TOKENS:]
-    if not (sum(floats) < math.inf and min(floats) >= 0.0):   # NaN fails both comparisons
-        raise WireError("bad_value", "numbers must be finite and not negative")
     if sum(record[I_BUCKETS:I_TOKENS]) != record[I_STEPS]:
         raise WireError("malformed", "bucket counts do not add up to the step count")
     return record, job
@@ -197,6 +240,9 @@ def _odd_shape(data: bytes) -> tuple:
     if size != struct_.size + record[I_JOB_LEN] or record[I_JOB_LEN] == 0:
         raise WireError("truncated" if size < struct_.size + record[I_JOB_LEN] else "malformed",
                         f"{size} bytes, expected {struct_.size + record[I_JOB_LEN]}")
+    floats = record[I_TOKENS:]
+    if not (sum(floats) < math.inf and min(floats) >= 0.0) or any(math.copysign(1.0, f) < 0 for f in floats):
+        raise WireError("bad_value", "numbers must be finite and not negative")   # (-0.0 included)
     phases = iter(record[I_PHASES:-2])
     return record[:I_PHASES] + tuple(next(phases) if mask >> i & 1 else 0.0 for i in range(len(PHASES))) \
         + record[-2:]
