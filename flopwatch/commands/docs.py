@@ -18,9 +18,61 @@ SECTIONS = {
 }
 
 
+SETTINGS_BEGIN = "<!-- BEGIN settings table: generated from flopwatch/config.py FIELDS -->"
+SETTINGS_END = "<!-- END settings table -->"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=["metrics"], help="which document")
-    parser.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("what", choices=["metrics", "agent"],
+                        help="metrics: the metrics reference; agent: the settings table inside docs/agent.md")
+    parser.add_argument("--out", metavar="FILE",
+                        help="write here instead of stdout (for agent: the file whose table is replaced)")
+
+
+def _default_text(key: str, default: object) -> str:
+    if default is None:
+        return "host name" if key == "node" else "none"
+    if isinstance(default, bool):
+        return f"`{str(default).lower()}`"
+    return f"`{default}`".replace("|", "\\|")
+
+
+def _flags_by_key() -> dict[str, str]:
+    from flopwatch.commands import agent
+
+    parser = argparse.ArgumentParser()
+    agent.add_arguments(parser)
+    flags: dict[str, str] = {}
+    for action in parser._actions:
+        key = agent.FLAGS.get(action.dest)
+        if key is None or not action.option_strings:
+            continue
+        text = f"`{action.option_strings[0]}`"
+        if action.const is True or action.const is False:
+            text += f" (sets {str(action.const).lower()})"
+        flags[key] = text
+    return flags
+
+
+def render_settings_table() -> str:
+    """Every agent setting: key, environment variable, flag, default and accepted values."""
+    from flopwatch import config as cfg
+
+    flags = _flags_by_key()
+    lines = [SETTINGS_BEGIN, "| key | environment | flag | default | value |", "|---|---|---|---|---|"]
+    for key, field in cfg.FIELDS.items():
+        expected = field.expected.replace("|", "\\|")
+        lines.append(f"| `{key}` | `{cfg.env_name(key)}` | {flags.get(key, '—')} | "
+                     f"{_default_text(key, field.default)} | {expected} |")
+    lines.append(SETTINGS_END)
+    return "\n".join(lines)
+
+
+def replace_settings_table(text: str) -> str:
+    start, end = text.find(SETTINGS_BEGIN), text.find(SETTINGS_END)
+    if start < 0 or end < 0:
+        raise ValueError("the document has no settings-table markers")
+    return text[:start] + render_settings_table() + text[end + len(SETTINGS_END):]
 
 
 def render_metrics() -> str:
@@ -52,6 +104,10 @@ def render_metrics() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.what == "agent":
+        path = Path(args.out or "docs/agent.md")
+        path.write_text(replace_settings_table(path.read_text()))
+        return 0
     text = render_metrics()
     if args.out:
         Path(args.out).write_text(text)
