@@ -13,10 +13,10 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check .
-	.venv/bin/ruff format --check .
 
 docs: setup
 	.venv/bin/flopwatch docs metrics --out docs/metrics.md
+	.venv/bin/flopwatch docs agent --out docs/agent.md
 
 bench: setup
 	.venv/bin/python -m bench.scrape_latency
