@@ -1,0 +1,323 @@
+"""What every simulated node's agent would expose, read straight from the fleet's state in bulk.
+
+Rendering 128 nodes through their agents costs about 150 ms a tick (most of it building text for
+series no rule reads); the detection benchmark needs millions of GPU-ticks. This reads the same
+values from the same objects (SimulatedGpu, RankCounters, SimulatedNic) a metric at a time over all
+GPUs, for the metrics the rules read. `tests/test_bench_sampler.py` holds it to the agents' own
+exposition, series for series and value for value, over every fault kind, so it cannot drift from
+what a scrape returns. GPUs that are lost (XID 79) take the agent's collector state machine (up=0,
+backoff, read errors): nodes that can lose a GPU are sampled through their real agents instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from flopwatch.catalog import Metric
+from flopwatch.catalog import agent as agent_metrics
+from flopwatch.catalog import gpu as g
+from flopwatch.catalog import job as job_metrics
+from flopwatch.catalog import nic as n
+from flopwatch.catalog import train as t
+from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS
+from flopwatch.exporters.gpu.simulated import MHZ, SIM_DRIVER_VERSION, SimulatedGpu
+from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
+from flopwatch.sim.jobs import PHASES
+from flopwatch.sim.nic import SimulatedNic
+from flopwatch.sim.node import NIC_ERROR_COUNTERS, PHYS_STATE_WORDS, PORT_STATE_WORDS
+
+Labels = tuple[tuple[str, str], ...]
+#: One group of series for a tick: their label sets (a cached tuple) and values.
+Group = tuple[tuple[Labels, ...], list[float] | np.ndarray]
+
+SCRAPE_JOB = "flopwatch"
+
+
+def _busy(gpu: SimulatedGpu) -> float:
+    return 0.0 if gpu.idle else gpu.workload.busy
+
+
+def _nvlink_sum(gpu: SimulatedGpu, counters: str) -> float:
+    return sum(getattr(gpu.c, counters))
+
+
+GpuValue = Callable[[SimulatedGpu], float]
+#: GPU metrics with one series per GPU (label `gpu` only): value as GpuCollector.blocks() emits it for
+#: a GPU that answered (SimulatedGpu._reading, per-link NVLink off).
+GPU_SCALARS: dict[Metric, GpuValue] = {
+    g.UP: lambda gpu: 1.0,
+    g.UTILIZATION: lambda gpu: min(1.0, _busy(gpu)),
+    g.MEMORY_UTILIZATION: lambda gpu: min(1.0, 0.4 * _busy(gpu) + 0.2 * gpu.workload.tensor),
+    g.SM_CLOCK: lambda gpu: gpu.sm_clock_hz,
+    g.SM_CLOCK_MAX: lambda gpu: gpu.model.sm_clock_max_mhz * MHZ,
+    g.MEMORY_CLOCK: lambda gpu: gpu.model.memory_clock_mhz * MHZ,
+    g.POWER: lambda gpu: gpu.power_watts,
+    g.POWER_LIMIT: lambda gpu: gpu.power_limit(),
+    g.ENERGY: lambda gpu: gpu.c.energy_j,
+    g.TEMPERATURE: lambda gpu: int(gpu.temperature_c),
+    g.MEMORY_TEMPERATURE: lambda gpu: int(gpu.temperature_c) + 4,
+    g.MEMORY_USED: lambda gpu: int(gpu.model.memory_bytes * gpu.workload.memory_fraction),
+    g.MEMORY_TOTAL: lambda gpu: gpu.model.memory_bytes,
+    g.PCIE_GENERATION: lambda gpu: gpu.model.pcie_generation,
+    g.PCIE_WIDTH: lambda gpu: gpu.faults.pcie_width or gpu.model.pcie_width,
+    g.PCIE_MAX_GENERATION: lambda gpu: gpu.model.pcie_generation,
+    g.PCIE_MAX_WIDTH: lambda gpu: gpu.model.pcie_width,
+    g.PCIE_REPLAYS: lambda gpu: gpu.c.pcie_replays,
+    g.ECC_CORRECTED: lambda gpu: gpu.c.ecc_corrected,
+    g.ECC_UNCORRECTED: lambda gpu: gpu.c.ecc_uncorrected,
+    g.ROW_REMAP_PENDING: lambda gpu: 0.0,
+    g.ROW_REMAP_FAILED: lambda gpu: 0.0,
+    g.SM_ACTIVE: lambda gpu: _busy(gpu) * 0.95,
+    g.SM_OCCUPANCY: lambda gpu: _busy(gpu) * 0.45,
+    g.TENSOR_ACTIVE: lambda gpu: min(gpu.workload.tensor, _busy(gpu)),
+    g.DRAM_ACTIVE: lambda gpu: _busy(gpu) * 0.35,
+    g.PROCESSES: lambda gpu: 0.0,
+}
+_REASONS = tuple(sorted(CLOCK_EVENT_REASONS))
+#: GPU metrics with a fixed set of series per GPU: (label values after `gpu`, per GPU) and values.
+GPU_VARIANTS: dict[Metric, tuple[Callable[[SimulatedGpu], list[tuple[str, ...]]],
+                                 Callable[[SimulatedGpu], list[float]]]] = {
+    g.INFO: (lambda gpu: [(gpu.uuid, gpu.model.name, SIM_DRIVER_VERSION)], lambda gpu: [1.0]),
+    g.PEAK_FLOPS: (lambda gpu: [(dtype,) for dtype in sorted(gpu.model.peak_dense_flops)],
+                   lambda gpu: [float(v) for _, v in sorted(gpu.model.peak_dense_flops.items())]),
+    g.CLOCK_EVENT_ACTIVE: (lambda gpu: [(reason,) for reason in _REASONS],
+                           lambda gpu: [float(v) for _, v in sorted(gpu.clock_events().items())]),
+    g.PCIE_BYTES: (lambda gpu: [("tx",), ("rx",)],
+                   lambda gpu: [float(int(gpu.c.pcie_tx)), float(int(gpu.c.pcie_rx))]),
+    g.REMAPPED_ROWS: (lambda gpu: [("correctable",), ("uncorrectable",)],
+                      lambda gpu: [0.0, float(gpu.remapped_uncorrectable)]),
+    g.NVLINK_BYTES: (lambda gpu: [("all", "tx"), ("all", "rx")] if gpu.model.nvlink_links else [],
+                     lambda gpu: [float(int(_nvlink_sum(gpu, "nvlink_tx"))), float(int(_nvlink_sum(gpu, "nvlink_rx")))]
+                     if gpu.model.nvlink_links else []),
+    g.NVLINK_ERRORS: (lambda gpu: [("all", "crc"), ("all", "recovery"), ("all", "replay")]
+                      if gpu.model.nvlink_links else [],
+                      lambda gpu: [float(_nvlink_sum(gpu, "nvlink_crc")), float(_nvlink_sum(gpu, "nvlink_recovery")),
+                                   float(_nvlink_sum(gpu, "nvlink_replay"))] if gpu.model.nvlink_links else []),
+}
+#: GPU metrics whose series come and go: [(label values after `gpu`, value)] per GPU.
+GPU_DYNAMIC: dict[Metric, Callable[[SimulatedGpu], list[tuple[tuple[str, ...], float]]]] = {
+    g.CLOCK_EVENT_VIOLATION: lambda gpu: [((reason,), float(seconds))
+                                          for reason, seconds in sorted(gpu.c.violation.items())],
+    g.XID_ERRORS: lambda gpu: [((str(xid),), float(count)) for xid, count in sorted(gpu.xids.items())],
+}
+GPU_METRICS = (*GPU_SCALARS, *GPU_VARIANTS, *GPU_DYNAMIC)
+
+NicValue = Callable[[SimulatedNic], list[float]]
+#: NIC metrics with a fixed set of series per port: (label values after device and port) and values.
+NIC_FIXED: dict[Metric, tuple[tuple[tuple[str, ...], ...], NicValue]] = {
+    n.INFO: ((("InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"),), lambda nic: [1.0]),
+    n.COUNTERS_AVAILABLE: (((),), lambda nic: [1.0]),
+    n.PORT_RATE: (((),), lambda nic: [float(nic.rate_bytes_per_s)]),
+    n.DATA: ((("tx",), ("rx",)), lambda nic: [float(int(nic.xmit_bytes) // 4 * 4),
+                                              float(int(nic.rcv_bytes) // 4 * 4)]),
+    n.PACKETS: ((("tx",), ("rx",)), lambda nic: [float(int(nic.xmit_packets)), float(int(nic.rcv_packets))]),
+    n.ERRORS: (tuple((counter,) for counter in NIC_ERROR_COUNTERS),
+               lambda nic: [float(getattr(nic, counter)) for counter in NIC_ERROR_COUNTERS]),
+    n.LINK_DOWNED: (((),), lambda nic: [float(nic.link_downed)]),
+    n.XMIT_WAIT: (((),), lambda nic: [float(int(nic.xmit_wait))]),
+}
+#: NIC metrics whose label carries the state word: (label values after device and port, value).
+NIC_STATES: dict[Metric, Callable[[SimulatedNic], tuple[tuple[str, ...], float]]] = {
+    n.PORT_STATE: lambda nic: ((PORT_STATE_WORDS[nic.state],), float(nic.state)),
+    n.PORT_PHYSICAL_STATE: lambda nic: ((PHYS_STATE_WORDS[nic.phys_state],), float(nic.phys_state)),
+}
+NIC_METRICS = (*NIC_FIXED, *NIC_STATES)
+TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.CHECKPOINT_SECONDS,
+                 t.LAST_STEP, t.FLOPS_PER_STEP, t.STEP_SECONDS)
+
+
+def supported_names() -> set[str]:
+    """Series names (histogram parts included) this sampler produces, plus `up`."""
+    names = {metric.name for metric in (*GPU_METRICS, *NIC_METRICS, *TRAIN_METRICS, job_metrics.GPU_JOB_INFO,
+                                        agent_metrics.COLLECTOR_ERRORS)}
+    names |= {t.STEP_SECONDS.name + suffix for suffix in ("_bucket", "_count", "_sum")}
+    names.add("up")
+    return names
+
+
+class LabelCache:
+    """Sorted label tuples (with the scrape's `job` and `instance`), built once per series."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Labels] = {}
+
+    def get(self, name: str, names: tuple[str, ...], values: tuple[str, ...]) -> Labels:
+        key = (name, names, values)
+        labels = self._cache.get(key)
+        if labels is None:
+            pairs = dict(zip(names, values, strict=True))
+            pairs["job"] = SCRAPE_JOB
+            pairs["instance"] = pairs["node"]
+            labels = self._cache[key] = tuple(sorted([("__name__", name), *pairs.items()]))
+        return labels
+
+
+class FastSampler:
+    """Series of the fleet's `nodes` (indices) for the wanted series names, one tick at a time."""
+
+    def __init__(self, fleet: Fleet, nodes: list[int], wanted: set[str]) -> None:
+        self.fleet = fleet
+        self.nodes = [fleet.nodes[i] for i in nodes]
+        self.node_set = set(nodes)
+        self.wanted = wanted
+        self.labels = LabelCache()
+        self.gpu_metrics = [metric for metric in GPU_METRICS if metric.name in wanted]
+        self.nic_metrics = [metric for metric in NIC_METRICS if metric.name in wanted]
+        self.gpus = [(node, gpu) for node in self.nodes for gpu in node.gpus]
+        self.nics = [(node, nic) for node in self.nodes for nic in node.nics]
+        self._groups: dict[object, tuple[Labels, ...]] = {}
+
+    def _group(self, key: object, build: Callable[[], tuple[Labels, ...]]) -> tuple[Labels, ...]:
+        labels = self._groups.get(key)
+        if labels is None:
+            labels = self._groups[key] = build()
+        return labels
+
+    def sample(self) -> Iterator[Group]:
+        yield from self._up()
+        yield from self._gpus()
+        yield from self._nics()
+        yield from self._jobs()
+        yield from self._train()
+
+    # -- per node --------------------------------------------------------------------------------
+    def _up(self) -> Iterator[Group]:
+        if "up" in self.wanted:
+            labels = self._group("up", lambda: tuple(
+                self.labels.get("up", ("node",), (node.name,)) for node in self.nodes))
+            yield labels, [1.0] * len(labels)
+        errors = agent_metrics.COLLECTOR_ERRORS
+        if errors.name in self.wanted:
+            labels = self._group("errors", lambda: tuple(
+                self.labels.get(errors.name, errors.all_labels, (node.name, collector))
+                for node in self.nodes for collector in ("attribution", "gpu", "nic", "train")))
+            yield labels, [0.0] * len(labels)
+
+    def _gpus(self) -> Iterator[Group]:
+        gpus = self.gpus
+        for metric in self.gpu_metrics:
+            if metric in GPU_SCALARS:
+                fn = GPU_SCALARS[metric]
+                labels = self._group(metric, lambda metric=metric: self._labels(
+                    metric, [(node.name, str(gpu.index)) for node, gpu in gpus]))
+                yield labels, [float(fn(gpu)) for _, gpu in gpus]
+            elif metric in GPU_VARIANTS:
+                variants, values = GPU_VARIANTS[metric]
+                labels = self._group(metric, lambda metric=metric, variants=variants: self._labels(
+                    metric, [(node.name, str(gpu.index), *rest) for node, gpu in gpus for rest in variants(gpu)]))
+                yield labels, [value for _, gpu in gpus for value in values(gpu)]
+            else:
+                dynamic = GPU_DYNAMIC[metric]
+                keys, found = [], []
+                for node, gpu in gpus:
+                    for rest, value in dynamic(gpu):
+                        keys.append((node.name, str(gpu.index), *rest))
+                        found.append(value)
+                if keys:
+                    yield self._group((metric, tuple(keys)), lambda metric=metric, keys=keys: self._labels(
+                        metric, keys)), found
+
+    def _labels(self, metric: Metric, keys: list[tuple[str, ...]]) -> tuple[Labels, ...]:
+        return tuple(self.labels.get(metric.name, metric.all_labels, key) for key in keys)
+
+    def _nics(self) -> Iterator[Group]:
+        nics = self.nics
+        for metric in self.nic_metrics:
+            if metric in NIC_FIXED:
+                variants, values = NIC_FIXED[metric]
+                labels = self._group(metric, lambda metric=metric, variants=variants: self._labels(
+                    metric, [(node.name, nic.device, "1", *rest) for node, nic in nics for rest in variants]))
+                yield labels, [value for _, nic in nics for value in values(nic)]
+            else:
+                state = NIC_STATES[metric]
+                pairs = [state(nic) for _, nic in nics]
+                words = tuple(rest for rest, _ in pairs)
+                labels = self._group((metric, words), lambda metric=metric, words=words: self._labels(
+                    metric, [(node.name, nic.device, "1", *rest) for (node, nic), rest in zip(nics, words,
+                                                                                             strict=True)]))
+                yield labels, [value for _, value in pairs]
+
+    def _jobs(self) -> Iterator[Group]:
+        info = job_metrics.GPU_JOB_INFO
+        if info.name not in self.wanted:
+            return
+        keys = []
+        for node in self.nodes:
+            state = self.fleet.active_job(node)
+            if state is not None:
+                keys += [(node.name, str(gpu.index), state.runner.spec.id, state.runner.spec.user)
+                         for gpu in node.gpus]
+        if keys:
+            yield self._group((info, tuple(keys)), lambda: self._labels(info, keys)), [1.0] * len(keys)
+
+    # -- training --------------------------------------------------------------------------------
+    def _visible_jobs(self) -> Iterator[tuple[JobState, list[tuple[SimNode, int]]]]:
+        for state in self.fleet.jobs.values():
+            if state.counters.step_count == 0:
+                continue
+            if state.finished_at is not None and self.fleet.t - state.finished_at > SERIES_EXPIRY_S:
+                continue
+            placed = [(self.fleet.nodes[index], position) for position, index in enumerate(state.runner.spec.nodes)
+                      if index in self.node_set]
+            if placed:
+                yield state, placed
+
+    def _train(self) -> Iterator[Group]:
+        for state, placed in self._visible_jobs():
+            yield from self._train_job(state, placed)
+
+    def _train_job(self, state: JobState, placed: list[tuple[SimNode, int]]) -> Iterator[Group]:
+        c, runner = state.counters, state.runner
+        gpn = runner.fleet.gpus_per_node
+        job_id = runner.spec.id
+        ranks = np.array([position * gpn + gpu for _, position in placed for gpu in range(gpn)])
+        rank_keys = [(node.name, job_id, str(position * gpn + gpu), str(gpu))
+                     for node, position in placed for gpu in range(gpn)]
+        for metric, array in ((t.STEPS, c.steps), (t.TOKENS, c.tokens), (t.MODEL_FLOPS, c.model_flops),
+                              (t.HARDWARE_FLOPS, c.hardware_flops), (t.LAST_STEP, c.last_step_time)):
+            if metric.name in self.wanted:
+                yield self._job_group(metric, job_id, "", rank_keys), array[ranks]
+        if t.PHASE_SECONDS.name in self.wanted:
+            for i, phase in enumerate(PHASES):
+                keys = [(*key, phase) for key in rank_keys]
+                yield self._job_group(t.PHASE_SECONDS, job_id, phase, keys), c.phase_seconds[i, ranks]
+        if t.CHECKPOINT_SECONDS.name in self.wanted:
+            saved = c.checkpoint_seconds[ranks]
+            keep = saved > 0
+            if keep.any():
+                keys = [(*key, "save") for key, k in zip(rank_keys, keep, strict=True) if k]
+                yield self._job_group(t.CHECKPOINT_SECONDS, job_id, f"save{int(keep.sum())}", keys), saved[keep]
+        if t.FLOPS_PER_STEP.name in self.wanted:
+            keys = [(node, job, rank, "analytic") for node, job, rank, _ in rank_keys]
+            yield (self._job_group(t.FLOPS_PER_STEP, job_id, "", keys),
+                   np.full(len(keys), runner.flops_per_step / runner.ranks))
+        yield from self._histogram(state, placed)
+
+    def _job_group(self, metric: Metric, job_id: str, variant: str,
+                   keys: list[tuple[str, ...]]) -> tuple[Labels, ...]:
+        key = (metric.name, job_id, variant, len(keys))
+        return self._group(key, lambda: tuple(self.labels.get(metric.name, metric.all_labels, k) for k in keys))
+
+    def _histogram(self, state: JobState, placed: list[tuple[SimNode, int]]) -> Iterator[Group]:
+        hist = t.STEP_SECONDS
+        names = [hist.name + suffix for suffix in ("_bucket", "_count", "_sum")]
+        if not any(name in self.wanted for name in names):
+            return
+        c = state.counters
+        gpn = state.runner.fleet.gpus_per_node
+        job_id = state.runner.spec.id
+        bounds = ["+Inf" if np.isinf(b) else repr(float(b)) for b in STEP_BUCKETS]
+        buckets = (c.step_buckets * gpn).tolist()
+        count, total = buckets[-1], c.step_sum * gpn
+        if names[0] in self.wanted:
+            labels = self._group(("bucket", job_id, len(placed)), lambda: tuple(
+                self.labels.get(names[0], (*hist.all_labels, "le"), (node.name, job_id, le))
+                for node, _ in placed for le in bounds))
+            yield labels, buckets * len(placed)
+        for name, value in ((names[1], count), (names[2], total)):
+            if name in self.wanted:
+                labels = self._group((name, job_id, len(placed)), lambda name=name: tuple(
+                    self.labels.get(name, hist.all_labels, (node.name, job_id)) for node, _ in placed))
+                yield labels, [float(value)] * len(placed)
