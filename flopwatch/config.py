@@ -10,7 +10,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +127,38 @@ def _rails(value: Any) -> dict[int, tuple[str, str]]:
     return rails
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _size(low: int, high: int) -> Parser:
+    """Bytes as an integer or with a unit: 268435456, '256MiB', '1GB'."""
+
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]i?b|b)?\s*", str(value), re.IGNORECASE)
+        if match is None:
+            raise ValueError
+        number = int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()])
+        if not low <= number <= high:
+            raise ValueError
+        return number
+
+    return parse
+
+
+def _http_url(value: Any) -> str:
+    text = str(value).strip().rstrip("/")
+    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", text):
+        raise ValueError
+    return text
+
+
+#: Keys only the environment (or the file the *_file key names) may set: never a config file that
+#: others can read, never a flag that `ps` shows; --print-config masks them.
+SECRET_KEYS = {"influx.token": "set FLOPWATCH_INFLUX_TOKEN or influx.token_file instead"}
+
+
 def parse_listen(value: Any) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' or '[v6]:PORT' -> (host, port); port 0 picks a free port."""
     text = str(value).strip()
@@ -183,6 +215,21 @@ FIELDS: dict[str, Field] = {
     "collectors.host": Field(_boolean, True, "true or false (CPU per NUMA node, memory, PSI)"),
     "collectors.attribution": Field(_boolean, True, "true or false (flopwatch_gpu_job_info)"),
     "collectors.train": Field(_boolean, False, "true or false (the training-step intake socket)"),
+    "influx.url": Field(_optional(_http_url), None,
+                        "an InfluxDB v2 write API base URL, e.g. http://influxdb:8086 (unset: no sink)"),
+    "influx.org": Field(_text, "flopwatch", "the organization name or ID to write to"),
+    "influx.bucket": Field(_text, "flopwatch", "the bucket to write to"),
+    "influx.token": Field(_optional(_text), None, "an API token; environment only (FLOPWATCH_INFLUX_TOKEN)"),
+    "influx.token_file": Field(_optional(_text), None, "a file holding the API token, e.g. /run/secrets/influx"),
+    "influx.batch_size": Field(_integer(1, 100_000), 5000, "points per write request, 1 to 100000"),
+    "influx.flush_interval": Field(_number(0.1, 60), 1.0,
+                                   "seconds a partial batch waits before it is written, 0.1 to 60"),
+    "influx.buffer_dir": Field(_optional(_text), "/var/lib/flopwatch/influx",
+                               "directory for the outage buffer, or none to buffer in memory only"),
+    "influx.buffer_max_bytes": Field(_size(2**20, 2**40), 256 * 2**20,
+                                     "bytes of buffered points kept during an outage, e.g. 256MiB (1MiB to "
+                                     "1TiB); the oldest go first"),
+    "influx.gzip": Field(_boolean, True, "true or false (gzip request bodies)"),
 }
 
 
@@ -232,6 +279,20 @@ class AttributionOptions:
 
 
 @dataclass(frozen=True)
+class InfluxOptions:
+    url: str | None = None
+    org: str = "flopwatch"
+    bucket: str = "flopwatch"
+    token: str | None = field(default=None, repr=False)  # a secret: never logged or printed
+    token_file: str | None = None
+    batch_size: int = 5000
+    flush_interval: float = 1.0
+    buffer_dir: str | None = "/var/lib/flopwatch/influx"
+    buffer_max_bytes: int = 256 * 2**20
+    gzip: bool = True
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     node: str
     listen: tuple[str, int]
@@ -245,6 +306,7 @@ class AgentConfig:
     host: HostOptions = HostOptions()
     attribution: AttributionOptions = AttributionOptions()
     train: TrainOptions = TrainOptions(default_socket_path(), None, 64, 1024, 300.0)
+    influx: InfluxOptions = InfluxOptions()
 
     @property
     def values(self) -> dict[str, Any]:
@@ -257,6 +319,8 @@ class AgentConfig:
                 flat[key] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             elif not name:
                 flat[key] = getattr(self, key)
+            elif key in SECRET_KEYS:
+                flat[key] = None if getattr(self.influx, name) is None else "(set)"
             elif section == "collectors":
                 flat[key] = self.collectors[name]
             else:
@@ -307,6 +371,9 @@ def load(
         for key, value in _read_file(Path(path)).items():
             if key not in FIELDS:
                 raise ConfigError(f"config file {path}: unknown key {key!r} (known: {', '.join(FIELDS)})")
+            if key in SECRET_KEYS:
+                raise ConfigError(f"config file {path}: {key} must not be written in a config file; "
+                                  f"{SECRET_KEYS[key]}")
             raw[key] = (value, f"config file {path}")
     for key in FIELDS:
         if env_name(key) in environ:
@@ -314,6 +381,8 @@ def load(
     for key, value in (overrides or {}).items():
         if key not in FIELDS:
             raise ConfigError(f"unknown setting {key!r}")
+        if key in SECRET_KEYS and value is not None:
+            raise ConfigError(f"{key} cannot be given on the command line; {SECRET_KEYS[key]}")
         if value is not None:
             raw[key] = (value, "command line")
     parsed: dict[str, Any] = {}
@@ -325,7 +394,8 @@ def load(
         try:
             parsed[key] = field.parse(value)
         except (ValueError, TypeError):
-            raise ConfigError(f"{key} = {value!r} ({source}): expected {field.expected}") from None
+            shown = "(secret)" if key in SECRET_KEYS else repr(value)
+            raise ConfigError(f"{key} = {shown} ({source}): expected {field.expected}") from None
     return AgentConfig(
         node=parsed["node"] or socket.gethostname(),
         listen=parsed["listen"],
@@ -338,6 +408,7 @@ def load(
         nic=NicOptions(**_section(parsed, "nic")),
         host=HostOptions(**_section(parsed, "host")),
         attribution=AttributionOptions(**_section(parsed, "attribution")),
+        influx=InfluxOptions(**_section(parsed, "influx")),
         train=TrainOptions(**{**_section(parsed, "train"),
                               "socket": parsed["train.socket"] or default_socket_path(environ)}),
     )

@@ -68,9 +68,9 @@ class Metric:
 
 
 def _modules() -> list[ModuleType]:
-    from flopwatch.catalog import agent, gpu, host, job, nic, train
+    from flopwatch.catalog import agent, gpu, host, job, nic, sink, train
 
-    return [agent, gpu, nic, host, job, train]
+    return [agent, gpu, nic, host, job, train, sink]
 
 
 def metrics_of(module: ModuleType) -> list[Metric]:

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from flopwatch import config as cfg
 from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
@@ -15,6 +16,9 @@ from flopwatch.exporters.agent import Agent, Collector
 from flopwatch.exporters.attribution import GpuProcesses
 from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.reading import BackendUnavailable
+
+if TYPE_CHECKING:
+    from flopwatch.exporters.influx import InfluxSink
 
 log = logging.getLogger("flopwatch.agent")
 
@@ -24,6 +28,8 @@ FLAGS = {
     "log_level": "log_level", "peak_flops": "gpu.peak_flops", "sim_gpus": "sim.gpus",
     "sim_model": "sim.model", "nvlink_per_link": "gpu.nvlink_per_link", "sysfs_root": "nic.sysfs_root",
     "train": "collectors.train", "train_socket": "train.socket",
+    "influx_url": "influx.url", "influx_org": "influx.org", "influx_bucket": "influx.bucket",
+    "influx_token_file": "influx.token_file", "influx_buffer_dir": "influx.buffer_dir",
 }
 
 
@@ -50,6 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="receive training-step events from flopwatch.train clients (collectors.train)")
     parser.add_argument("--train-socket", dest="train_socket", metavar="PATH",
                         help="Unix socket for training-step events (default /run/flopwatch/steps.sock)")
+    parser.add_argument("--influx-url", dest="influx_url", metavar="URL",
+                        help="also write every sample to this InfluxDB v2 write API, e.g. http://influxdb:8086 "
+                        "(token from FLOPWATCH_INFLUX_TOKEN or --influx-token-file; docs/influxdb.md)")
+    parser.add_argument("--influx-org", dest="influx_org", metavar="ORG", help="InfluxDB organization")
+    parser.add_argument("--influx-bucket", dest="influx_bucket", metavar="BUCKET", help="InfluxDB bucket")
+    parser.add_argument("--influx-token-file", dest="influx_token_file", metavar="FILE",
+                        help="file holding the InfluxDB API token")
+    parser.add_argument("--influx-buffer-dir", dest="influx_buffer_dir", metavar="DIR",
+                        help="directory for the outage buffer (default /var/lib/flopwatch/influx)")
     parser.add_argument("--once", action="store_true",
                         help="collect once, print the exposition to stdout and exit")
     parser.add_argument("--print-config", action="store_true", help="print the merged config and exit")
@@ -87,7 +102,25 @@ def build_agent(config: cfg.AgentConfig) -> Agent:
             collectors.append(TrainIntake(config.train, config.node))
         except IntakeError as error:
             raise UsageError(str(error)) from None
-    return Agent(config.node, collectors, backend_name)
+    sink = _influx_sink(config)
+    if sink is not None:
+        collectors.append(sink)
+    agent = Agent(config.node, collectors, backend_name)
+    if sink is not None:
+        agent.cycle_listeners.append(sink.on_cycle)
+    return agent
+
+
+def _influx_sink(config: cfg.AgentConfig) -> InfluxSink | None:
+    """The InfluxDB sink when influx.url is set (issue 8); it runs off the agent's cycles."""
+    if config.influx.url is None:
+        return None
+    from flopwatch.exporters.influx import SinkError, make_sink
+
+    try:
+        return make_sink(config.influx, config.node)
+    except SinkError as error:
+        raise UsageError(str(error)) from None
 
 
 def gpu_processes_of(collector: GpuCollector | None) -> Callable[[], list[GpuProcesses]]:

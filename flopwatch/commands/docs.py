@@ -15,6 +15,7 @@ SECTIONS = {
     "host": "Host",
     "job": "Job attribution",
     "train": "Training steps (from the training client)",
+    "sink": "InfluxDB sink (when influx.url is set)",
 }
 
 

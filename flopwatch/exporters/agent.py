@@ -82,9 +82,13 @@ class Agent:
         self.cycles = 0
         self.interval: float | None = None       # set by run(); /healthz judges staleness by it
         self.last_cycle_at: float | None = None  # monotonic time of the last finished cycle
+        #: Called after each cycle with (unix time the cycle started, its exposition), on the
+        #: collection thread: they must not block (e.g. the InfluxDB sink's queue put).
+        self.cycle_listeners: list[Callable[[float, bytes], None]] = []
 
     # -- collection ----------------------------------------------------------------------------
     def collect_once(self) -> None:
+        cycle_time = time.time()
         for collector in self.collectors:
             started = time.perf_counter()
             try:
@@ -103,6 +107,11 @@ class Agent:
         self._exposition = "".join(out).encode()
         self.cycles += 1
         self.last_cycle_at = time.monotonic()
+        for listener in self.cycle_listeners:
+            try:
+                listener(cycle_time, self._exposition)
+            except Exception:
+                log.exception("cycle listener %r failed", listener)
 
     def exposition(self) -> bytes:
         return self._exposition
