@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 _LIVE: set[ServerProcess] = set()
@@ -105,13 +107,24 @@ class ServerProcess:
                                   f"starting:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as answer:
-                    if answer.status == 200:
+                    if answer.status == 200 and self._owns_port():
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.1)
         raise ServerError(f"{self.binary} not ready at {self.url}{self.ready_path} after {timeout:g}s:\n"
                           f"{self.log_tail()}")
+
+    def _owns_port(self) -> bool:
+        """True when our process (not another that won a race for the port) listens on it."""
+        if self.proc is None:
+            return False
+        try:
+            sockets = psutil.Process(self.proc.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return True  # cannot tell (no permission): trust the answer
+        return any(conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.port
+                   for conn in sockets)
 
     def log_tail(self, lines: int = 15) -> str:
         try:
