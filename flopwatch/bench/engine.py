@@ -74,7 +74,8 @@ def exact_nodes_for(scenario: Scenario) -> list[int]:
     return sorted({fault.node for fault in scenario.faults if fault.kind == "gpu_lost" or fault.xid == 79})
 
 
-_TEMPLATE = re.compile(r"\{\{\s*(?:\$labels\.|\.Labels\.)([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}|\{\{\s*(?:\$value|\.Value)\s*\}\}")
+_TEMPLATE = re.compile(r"\{\{\s*(?:\$labels\.|\.Labels\.)([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}"
+                       r"|\{\{\s*(?:\$value|\.Value)\s*\}\}")
 
 
 def template_label(text: str, labels: dict[str, str], value: float) -> str:

@@ -1,0 +1,121 @@
+"""The detection benchmark: a suite of scenarios through the real rules, scored against truth.
+
+    suite = load_suite("bench/scenarios")
+    report = run_suite(suite, rules.load("alerts", ...), progress=...)
+
+Each scenario runs in its own throwaway Prometheus (engine.py); scoring.py turns the alert
+episodes, the MFU the rules recorded and the simulator's truth into the figures of issue 10.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flopwatch.bench import rules as rule_files
+from flopwatch.bench.engine import OBSERVED, PrometheusEngine, RunResult
+from flopwatch.bench.scoring import ScenarioScore, score_scenario, summarize
+from flopwatch.sim.scenario import Scenario, ScenarioError, load
+
+QUICK_MAX_GPUS = 64
+QUICK_DURATION_S = 20 * 60.0
+
+
+class SuiteError(ValueError):
+    """The suite cannot run as asked (no scenarios, unreadable file); one line for the user."""
+
+
+def scenario_files(path: str | Path) -> list[Path]:
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".yml", ".yaml"))
+        if not files:
+            raise SuiteError(f"{path}: no scenario files (*.yml) in this directory")
+        return files
+    if not path.exists():
+        raise SuiteError(f"{path}: no such scenario file or directory")
+    return [path]
+
+
+def load_suite(path: str | Path, only: list[str] | None = None) -> list[Scenario]:
+    scenarios = []
+    for file in scenario_files(path):
+        try:
+            scenario = load(file)
+        except ScenarioError as error:
+            raise SuiteError(str(error)) from None
+        if only and scenario.name not in only and file.stem not in only:
+            continue
+        scenarios.append(scenario)
+    if not scenarios:
+        raise SuiteError(f"{path}: no scenario matches {', '.join(only or [])}")
+    return scenarios
+
+
+def quick(scenario: Scenario) -> Scenario | None:
+    """The scenario cut to QUICK_DURATION_S, or None when its fleet is larger than QUICK_MAX_GPUS."""
+    if scenario.fleet.nodes * scenario.fleet.gpus_per_node > QUICK_MAX_GPUS:
+        return None
+    end = min(scenario.duration, QUICK_DURATION_S)
+    faults = [dataclasses.replace(f, end=min(f.end, end)) for f in scenario.faults if f.start < end]
+    jobs = [j for j in scenario.jobs if j.start < end]
+    return dataclasses.replace(scenario, duration=end, faults=faults, jobs=jobs)
+
+
+def gpu_ticks(scenario: Scenario) -> float:
+    """Work of a scenario, for progress: GPUs x ticks."""
+    return scenario.fleet.nodes * scenario.fleet.gpus_per_node * scenario.duration / scenario.scrape_interval
+
+
+@dataclass
+class SuiteReport:
+    scores: list[ScenarioScore]
+    summary: dict[str, Any]
+    rule_files: list[str]
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary, "rule_files": self.rule_files, "seconds": self.seconds,
+                "scenarios": [score.as_dict() for score in self.scores]}
+
+
+def run_scenario(scenario: Scenario, rules_path: str | Path, evaluation_interval: float | None = None,
+                 progress: Callable[[float, str], None] | None = None, exact: bool = False) -> tuple[ScenarioScore,
+                                                                                                     RunResult]:
+    rules = rule_files.load(rules_path, evaluation_interval or scenario.scrape_interval)
+    result = PrometheusEngine(rules, exact=exact).run(scenario, progress)
+    score = score_scenario(scenario, result.truth, result.episodes, result.start_unix,
+                           result.observed[OBSERVED[0]], result.stats)
+    return score, result
+
+
+def run_suite(scenarios: list[Scenario], rules_path: str | Path, *, evaluation_interval: float | None = None,
+              progress: Callable[[float, str], None] | None = None, exact: bool = False) -> SuiteReport:
+    """Every scenario in turn; `progress(fraction of the suite, scenario name)`."""
+    started = time.perf_counter()
+    files = [str(p) for p in rule_files.rule_files(rules_path)]
+    total = sum(gpu_ticks(s) for s in scenarios) or 1.0
+    done = 0.0
+    scores = []
+    quiet = logging.getLogger("flopwatch.exporters")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # lost GPUs of exact nodes are faults we inject, not news
+    try:
+        for scenario in scenarios:
+            weight = gpu_ticks(scenario)
+
+            def report(fraction: float, name: str, base: float = done, weight: float = weight) -> None:
+                if progress is not None:
+                    progress((base + fraction * weight) / total, name)
+
+            score, _ = run_scenario(scenario, rules_path, evaluation_interval, report, exact)
+            scores.append(score)
+            done += weight
+    finally:
+        quiet.setLevel(level)
+    return SuiteReport(scores, summarize(scores), files, time.perf_counter() - started)

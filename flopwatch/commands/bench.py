@@ -1,0 +1,127 @@
+"""`flopwatch bench detect`: the detection benchmark (issue 10) from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from flopwatch.bench import detect
+from flopwatch.bench.engine import EngineError
+from flopwatch.bench.rules import RuleFileError
+from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
+from flopwatch.sim.scenario import ScenarioError, parse_duration
+from flopwatch.stack import ServerError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
+    det = sub.add_parser(
+        "detect", help="score the alert rules against simulated faults and healthy noise",
+        description="Run every scenario through the rules in a throwaway Prometheus (faster than "
+        "wall-clock) and score the alerts against the simulator's ground truth: detection latency, "
+        "precision, recall, cause accuracy, false alerts per 1,000 GPU-days and MFU error.",
+    )
+    det.add_argument("--scenarios", required=True, metavar="PATH",
+                     help="a scenario file or a directory of them (the shipped suite: bench/scenarios)")
+    det.add_argument("--rules", default="alerts", metavar="PATH",
+                     help="a rule file or a directory of them (default: alerts)")
+    det.add_argument("--json", metavar="OUT", help="write every figure, per fault and per alert, here")
+    det.add_argument("--quick", action="store_true",
+                     help=f"only scenarios of at most {detect.QUICK_MAX_GPUS} GPUs, cut to "
+                     f"{detect.QUICK_DURATION_S / 60:.0f} minutes (a smoke run)")
+    det.add_argument("--only", action="append", metavar="NAME",
+                     help="run only this scenario (name or file stem); repeatable")
+    det.add_argument("--evaluation-interval", metavar="DURATION",
+                     help="for rule groups without an interval (default: each scenario's scrape interval)")
+    det.add_argument("--exact", action="store_true",
+                     help="read every node through its real agent exposition (slow; the fast reader is "
+                     "tested to give the same samples)")
+    det.add_argument("--log-level", default="warning", help="debug, info, warning or error")
+    parser.set_defaults(bench=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench != "detect":
+        raise UsageError("name a benchmark: flopwatch bench detect --scenarios PATH (see --help)")
+    setup_logging(args.log_level)
+    interval = None
+    if args.evaluation_interval:
+        try:
+            interval = parse_duration(args.evaluation_interval, "--evaluation-interval")
+        except ScenarioError as error:
+            raise UsageError(str(error)) from None
+        if interval <= 0:
+            raise UsageError("--evaluation-interval: must be longer than 0s")
+    try:
+        scenarios = detect.load_suite(args.scenarios, args.only)
+        detect.rule_files.rule_files(args.rules)
+    except (detect.SuiteError, RuleFileError) as error:
+        raise UsageError(str(error)) from None
+    if args.quick:
+        scenarios = [s for s in map(detect.quick, scenarios) if s is not None]
+        if not scenarios:
+            raise UsageError(f"--quick: no scenario has at most {detect.QUICK_MAX_GPUS} GPUs")
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task("detection benchmark", total=1.0)
+            report = detect.run_suite(
+                scenarios, args.rules, evaluation_interval=interval, exact=args.exact,
+                progress=lambda fraction, name: bar.update(task, completed=fraction, description=name))
+    except (RuleFileError, detect.SuiteError) as error:
+        raise UsageError(str(error)) from None
+    except (EngineError, ServerError) as error:
+        raise RuntimeFailure(str(error)) from None
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(report.as_dict(), indent=1))
+        except OSError as error:
+            raise RuntimeFailure(f"cannot write {args.json}: {error.strerror}") from None
+    print_report(report, Console(file=sys.stdout))
+    return 0
+
+
+def _num(value: float | None, fmt: str = "{:.3f}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def print_report(report: detect.SuiteReport, console: Console) -> None:
+    scenarios = Table(title="Scenarios", title_justify="left")
+    for name in ("scenario", "GPUs", "hours", "healthy GPU-h", "faults", "detected", "episodes", "false",
+                 "MFU err (pp)", "run (s)"):
+        scenarios.add_column(name, justify="left" if name == "scenario" else "right")
+    for s in report.scores:
+        worst = max((m.error_pp for m in s.mfu), default=None)
+        scenarios.add_row(
+            s.scenario, str(s.gpus), f"{s.duration / 3600:.2f}", f"{s.healthy_gpu_hours:,.0f}", str(len(s.faults)),
+            str(sum(f.detected for f in s.faults)), str(len(s.episodes)), str(sum(not e.true for e in s.episodes)),
+            _num(worst, "{:.2f}"), f"{sum(s.stats.get(k, 0) for k in ('sim_s', 'write_s', 'eval_s')):.0f}")
+    console.print(scenarios)
+    kinds = Table(title="By fault kind", title_justify="left")
+    for name in ("kind", "faults", "detected", "cause right", "median latency (s)", "max latency (s)"):
+        kinds.add_column(name, justify="left" if name == "kind" else "right")
+    for kind, row in sorted(report.summary["by_kind"].items()):
+        kinds.add_row(kind, str(row["faults"]), str(row["detected"]), str(row["cause_right"]),
+                      _num(row["median_latency_s"], "{:.0f}"), _num(row["max_latency_s"], "{:.0f}"))
+    console.print(kinds)
+    s = report.summary
+    console.print(
+        f"precision {_num(s['precision'])}  recall {_num(s['recall'])}  cause {_num(s['cause_accuracy'])}  "
+        f"latency median {_num(s['latency_median_s'], '{:.0f}')} s, p90 {_num(s['latency_p90_s'], '{:.0f}')} s  "
+        f"false alerts {s['false_episodes']} ({_num(s['false_alerts_per_1000_gpu_days'], '{:.2f}')} per 1,000 "
+        f"GPU-days)  healthy GPU-hours {s['healthy_gpu_hours']:,.0f}  run {report.seconds:.0f} s")
+    targets = Table(title="Targets (issue 10)", title_justify="left")
+    for name in ("target", "measured", "met"):
+        targets.add_column(name)
+    for target in s["targets"]:
+        met = {True: "yes", False: "NO", None: "n/a"}[target["met"]]
+        targets.add_row(target["what"], target["measured"], met)
+    console.print(targets)
