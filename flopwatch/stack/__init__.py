@@ -7,7 +7,7 @@ on context exit, on Ctrl-C and at interpreter exit, and leaves no process behind
 
 from flopwatch.stack.agent import AgentProcess
 from flopwatch.stack.process import MissingBinary, ServerError, ServerProcess, free_port, stop_all
-from flopwatch.stack.servers import Alertmanager, NodeExporter, Prometheus, VictoriaMetrics
+from flopwatch.stack.servers import Alertmanager, NodeExporter, Prometheus, VictoriaMetrics, VmAlert
 
 __all__ = [
     "AgentProcess",
@@ -18,6 +18,7 @@ __all__ = [
     "ServerError",
     "ServerProcess",
     "VictoriaMetrics",
+    "VmAlert",
     "free_port",
     "stop_all",
 ]

@@ -130,6 +130,41 @@ class VictoriaMetrics(ServerProcess):
         ]
 
 
+class VmAlert(ServerProcess):
+    """vmalert (Debian package `victoria-metrics`): evaluates Prometheus rule files against a
+    datasource speaking the Prometheus query API and writes results back through remote write.
+    Rule files with alerting rules need an Alertmanager (`notifiers`), as vmalert refuses to start
+    without one."""
+
+    binary = "vmalert"
+    package = "victoria-metrics"
+    ready_path = "/health"
+
+    def __init__(self, rule_files: Sequence[str | Path], datasource_url: str, *, remote_write_url: str | None = None,
+                 notifiers: Sequence[str] = (), evaluation_interval: str = "5s",
+                 external_labels: dict[str, str] | None = None, extra_args: Sequence[str] = (),
+                 port: int | None = None, workdir: Path | None = None) -> None:
+        super().__init__(port, workdir)
+        self.rule_files = [str(Path(path).resolve()) for path in rule_files]
+        self.datasource_url = datasource_url
+        self.remote_write_url = remote_write_url or datasource_url
+        self.notifiers = list(notifiers)
+        self.evaluation_interval = evaluation_interval
+        self.external_labels = dict(external_labels or {})
+        self.extra_args = list(extra_args)
+
+    def args(self) -> list[str]:
+        return [
+            f"-httpListenAddr={self.host}:{self.port}", f"-datasource.url={self.datasource_url}",
+            f"-remoteWrite.url={self.remote_write_url}", "-remoteWrite.flushInterval=1s",
+            f"-evaluationInterval={self.evaluation_interval}", "-loggerLevel=WARN",
+            *(f"-rule={path}" for path in self.rule_files),
+            *(f"-notifier.url={url}" for url in self.notifiers),
+            *(f"-external.label={name}={value}" for name, value in self.external_labels.items()),
+            *self.extra_args,
+        ]
+
+
 class NodeExporter(ServerProcess):
     """prometheus-node-exporter (Debian package `prometheus-node-exporter`)."""
 
