@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -127,11 +128,27 @@ def render(view: View, pages: list[dict], elapsed: float, prometheus_url: str) -
 
 
 def alertmanager_config(webhook_url: str) -> dict:
-    return {
-        "route": {"receiver": "webhook", "group_by": ["alertname", "job_id", "node"], "group_wait": "1s",
-                  "group_interval": "5s", "repeat_interval": "1h"},
-        "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
-    }
+    """alerts/alertmanager.yml (routes, inhibitions, templates) with every receiver's integrations
+    replaced by the local webhook, so nothing leaves the machine, and waits cut to seconds."""
+    path = ALERTS_DIR / "alertmanager.yml"
+    if not path.is_file():
+        return {
+            "route": {"receiver": "webhook", "group_by": ["alertname", "job_id", "node"], "group_wait": "1s",
+                      "group_interval": "5s", "repeat_interval": "1h"},
+            "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+        }
+    config = yaml.safe_load(path.read_text())
+    config["templates"] = [str(ALERTS_DIR / pattern) for pattern in config.get("templates", [])]
+    for receiver in config["receivers"]:
+        for key in [key for key in receiver if key.endswith("_configs")]:
+            del receiver[key]
+        receiver["webhook_configs"] = [{"url": webhook_url, "send_resolved": True}]
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        route.update(group_wait="1s", group_interval="5s")
+        routes.extend(route.get("routes", []))
+    return config
 
 
 def rule_files() -> list[Path]:
