@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -108,6 +109,26 @@ def serve_capacity(nodes: int, seconds: float) -> dict[str, float]:
         server.stop()
 
 
+def per_node_cost(nodes: int, ticks: int = 5) -> dict[str, float]:
+    """In-process cost per node of one tick, without Prometheus: fleet physics and rendering."""
+    fleet = Fleet(fleet_scenario(nodes), start_unix=time.time())
+    server = FleetServer(fleet)
+    for _ in range(3):
+        server.tick(5.0)
+    started = time.perf_counter()
+    for _ in range(ticks):
+        fleet.advance(5.0)
+    advance = (time.perf_counter() - started) / ticks
+    started = time.perf_counter()
+    for _ in range(ticks):
+        server.render_all()
+    render = (time.perf_counter() - started) / ticks
+    return {"nodes": nodes, "advance_ms_per_node": round(1e3 * advance / nodes, 3),
+            "render_ms_per_node": round(1e3 * render / nodes, 3),
+            "tick_s_at_1250_nodes": round(1250 * (advance + render) / nodes, 2),
+            "load_average_1m": round(os.getloadavg()[0], 2)}
+
+
 def export_speed(nodes: int, span: float, step: float) -> dict[str, float]:
     fleet = Fleet(fleet_scenario(nodes, step), start_unix=time.time() - span)
     with tempfile.TemporaryDirectory() as out:
@@ -127,11 +148,15 @@ def main() -> None:
     parser.add_argument("--export-span", type=float, default=6 * 3600)
     parser.add_argument("--export-step", type=float, default=60)
     parser.add_argument("--skip-serve", action="store_true")
+    parser.add_argument("--per-node", type=int, default=256, metavar="NODES",
+                        help="also measure the in-process cost per node on a fleet this size (0: skip)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
     if not args.skip_serve:
         results["serve"] = serve_capacity(args.nodes, args.seconds)
+    if args.per_node:
+        results["per_node"] = per_node_cost(args.per_node)
     results["export"] = export_speed(args.export_nodes, args.export_span, args.export_step)
     for section, values in results.items():
         print(f"\n| {section} | value |\n|---|---|")
