@@ -42,7 +42,7 @@ REASONS: tuple[str, ...] = (
     "truncated", "oversized", "version", "malformed", "unknown_phase", "bad_job_id", "bad_rank",
     "bad_value", "non_monotonic", "too_many_jobs", "too_many_ranks", "rate_limited",
 )
-#: Per-rank flood guard: a client sends at most one datagram per step and per 10 ms by default.
+#: Per-rank flood guard: a client sends at most one datagram per step and per second by default.
 RATE_PER_S = 1000.0
 BURST = 1000.0
 BATCH = 512                    # datagrams handled per lock hold

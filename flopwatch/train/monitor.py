@@ -39,7 +39,9 @@ from flopwatch.train.flops import FlopsAccount
 log = logging.getLogger("flopwatch.train")
 
 RECONNECT_INTERVAL_S = 1.0
-DEFAULT_MIN_INTERVAL_S = 0.01
+#: Steps closer together than this share a datagram. The agent renders at most once a second and
+#: every datagram carries running totals, so sending more often would buy nothing but cost.
+DEFAULT_MIN_INTERVAL_S = 1.0
 JOB_ENV = ("FLOPWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 RANK_ENV = ("RANK", "SLURM_PROCID")
 LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID")

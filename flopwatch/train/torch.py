@@ -1,28 +1,35 @@
 """PyTorch integration: time data, compute, comm and optimizer phases without hand-placed phases.
 
-    model = DistributedDataParallel(net)
+    model = DistributedDataParallel(net)         # or FSDP, or a plain module
     mon = StepMonitor(flops_per_step=F, tokens_per_step=T)
     telemetry = instrument(model, mon, optimizer)
-    for x, y in loader:                # unchanged training loop
+    for x, y in loader:                           # unchanged training loop
         loss_fn(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
     telemetry.close()
 
-Marks are taken by hooks: a forward pre-hook (compute starts; the time since the last step ended
-is `data`), a DDP communication hook wrapping the allreduce (each bucket's launch, and the moment
-its result is ready), and optimizer step pre/post hooks (`optimizer`; the post hook ends the step).
-Per step:
+Marks are taken by hooks, none of them on the communication path:
+
+  * a forward pre-hook: compute starts; the time since the previous step ended is `data`;
+  * gradient hooks on a few output-side parameters, the first of which queues an end-of-backward
+    callback. That callback runs once autograd has computed every gradient (so every gradient
+    bucket has been handed to the collective) but before the callback DDP or FSDP queued later,
+    which waits for the reduction: the compute ends here. It queues one more callback, which runs
+    after the wrapper's: the gradients are reduced, the comm wait is over;
+  * optimizer step pre/post hooks: `optimizer`; the post hook ends the step.
 
     data      = forward start - previous step end
-    compute   = last gradient bucket launched - forward start   (forward + backward up to the collective)
-    comm      = last allreduce done - last bucket launched       (the wait a straggler imposes on the others)
+    compute   = local backward done - forward start    (forward + backward up to the collective)
+    comm      = gradients reduced - local backward done (the wait a straggler imposes on the others)
     optimizer = optimizer step end - start;  other = the rest
+
+DDP's own allreduce (and any communication hook the user registers) is left alone, and no Python
+runs on the communication library's threads.
 
 On CPU the marks are `time.perf_counter()` readings. On GPU they are CUDA events recorded on the
 current stream; they are read at later step boundaries once complete (`Event.query()`), never
-synchronising the device, so a step is reported one or more steps late. FSDP and other wrappers
-without a DDP communication hook get data, compute (collectives included) and optimizer.
+synchronising the device, so a step is reported one or more steps late.
 
 Torch is imported lazily (the client library itself never needs it).
 """
@@ -34,8 +41,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flopwatch.train.monitor import StepMonitor, resolve_gpu
@@ -89,12 +95,16 @@ class CudaClock:
         mark.synchronize()
 
 
+#: Gradient hooks go on this many parameters from the output end (their gradients come first).
+WATCHED_PARAMETERS = 8
+
+
 @dataclass
 class _StepMarks:
     start: Any = None          # previous step's end (None for the first step)
     forward: Any = None
-    last_launch: Any = None
-    done: list[Any] = field(default_factory=list)
+    backward_done: Any = None  # every local gradient computed and handed to the collective
+    reduced: Any = None        # the wrapper's end-of-backward wait is over
     optimizer_start: Any = None
     end: Any = None
     tokens: float | None = None
@@ -103,31 +113,28 @@ class _StepMarks:
 class Instrumentation:
     """Hooks on one model and optimizer feeding a StepMonitor; `close()` removes them."""
 
-    def __init__(self, model: Any, monitor: StepMonitor, optimizer: Any = None, *,
-                 clock: Any = None, comm_hook: Callable[..., Any] | None = None, comm_state: Any = None,
-                 process_group: Any = None) -> None:
+    def __init__(self, model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock: Any = None) -> None:
         import torch
 
         self._torch = torch
+        self._engine = torch.autograd.Variable._execution_engine
         self.monitor = monitor
         self.clock = clock if clock is not None else _clock_for(model)
         self._current = _StepMarks()
         self._pending: deque[_StepMarks] = deque()
-        self._done_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._handles: list[Any] = []
-        self.comm_timed = False
+        self._backward_watched = False
         self._set_gpu(model)
         self._handles.append(model.register_forward_pre_hook(self._on_forward))
-        if _is_ddp(model):
-            self._install_comm_hook(model, comm_hook, comm_state, process_group)
-            self.comm_timed = True
-        elif comm_hook is not None:
-            raise ValueError("comm_hook is only for DistributedDataParallel models")
+        trained = [p for p in model.parameters() if p.requires_grad]
+        for parameter in trained[-WATCHED_PARAMETERS:]:
+            self._handles.append(parameter.register_post_accumulate_grad_hook(self._on_gradient))
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._on_optimizer_start))
             self._handles.append(optimizer.register_step_post_hook(self._on_optimizer_end))
 
-    # -- hooks (training thread, except _on_done) ----------------------------------------------
+    # -- hooks ---------------------------------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
         try:
             if self._current.forward is None and self._torch.is_grad_enabled():
@@ -135,31 +142,34 @@ class Instrumentation:
         except Exception as error:
             self.monitor._internal_error(error)
 
-    def _install_comm_hook(self, model: Any, inner: Callable[..., Any] | None, state: Any,
-                           process_group: Any) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        if inner is None:
-            inner, state = default_hooks.allreduce_hook, process_group
-
-        def timed_hook(hook_state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
-            try:
-                self._current.last_launch = self.clock.mark()
-            except Exception as error:
-                self.monitor._internal_error(error)
-            return inner(hook_state, bucket).then(self._on_done)
-
-        model.register_comm_hook(state, timed_hook)
-
-    def _on_done(self, future: Any) -> Any:
-        """Runs when a bucket's allreduce is ready (gloo thread on CPU; a synced stream on GPU)."""
+    def _on_gradient(self, parameter: Any) -> None:
+        """A watched gradient is ready (early in the backward): watch for the backward's end."""
+        if self._backward_watched:
+            return
         try:
-            mark = self.clock.mark()
-            with self._done_lock:
-                self._current.done.append(mark)
+            self._engine.queue_callback(self._after_backward)
+            self._backward_watched = True
         except Exception as error:
             self.monitor._internal_error(error)
-        return future.value()
+
+    def _after_backward(self) -> None:
+        """First end-of-backward callback: every gradient is computed and its bucket launched; the
+        wrapper's callback (waiting for the reduction) was queued after this one, so one queued
+        now runs after it."""
+        try:
+            self._current.backward_done = self.clock.mark()
+            self._engine.queue_callback(self._after_reduce)
+        except Exception as error:
+            self._backward_watched = False
+            self.monitor._internal_error(error)
+
+    def _after_reduce(self) -> None:
+        """The gradients are reduced (CPU: the wait is over; GPU: the stream waits for them)."""
+        self._backward_watched = False
+        try:
+            self._current.reduced = self.clock.mark()
+        except Exception as error:
+            self.monitor._internal_error(error)
 
     def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -177,7 +187,7 @@ class Instrumentation:
     def end_step(self, tokens: float | None = None) -> None:
         """End the current step (the optimizer post-hook calls this; call it without an optimizer)."""
         end = self.clock.mark()
-        with self._done_lock:
+        with self._lock:
             marks, self._current = self._current, _StepMarks(start=end)
         marks.end, marks.tokens = end, tokens
         self._pending.append(marks)
@@ -188,7 +198,8 @@ class Instrumentation:
         clock = self.clock
         while self._pending:
             marks = self._pending[0]
-            ready = all(clock.ready(mark) for mark in (marks.end, *marks.done))
+            waited = [mark for mark in (marks.end, marks.reduced) if mark is not None]
+            ready = all(clock.ready(mark) for mark in waited)
             if not ready and not wait:
                 if len(self._pending) <= MAX_PENDING_STEPS:
                     return
@@ -196,7 +207,7 @@ class Instrumentation:
                 self.monitor.record_step(0.0, {}, marks.tokens)
                 continue
             if not ready:
-                for mark in (marks.end, *marks.done):
+                for mark in waited:
                     clock.wait(mark)
             self._pending.popleft()
             self._report(marks)
@@ -209,11 +220,11 @@ class Instrumentation:
         phases: dict[str, float] = {}
         if marks.forward is not None:
             phases["data"] = seconds(first, marks.forward)
-            compute_end = marks.last_launch if marks.last_launch is not None else marks.optimizer_start
+            compute_end = marks.backward_done if marks.backward_done is not None else marks.optimizer_start
             if compute_end is not None:
                 phases["compute"] = seconds(marks.forward, compute_end)
-        if marks.last_launch is not None and marks.done:
-            phases["comm"] = max(0.0, *(seconds(marks.last_launch, done) for done in marks.done))
+        if marks.backward_done is not None and marks.reduced is not None:
+            phases["comm"] = seconds(marks.backward_done, marks.reduced)
         if marks.optimizer_start is not None:
             phases["optimizer"] = seconds(marks.optimizer_start, marks.end)
         phases = {name: max(0.0, value) for name, value in phases.items()}
@@ -236,20 +247,12 @@ class Instrumentation:
             self.monitor.set_gpu(resolve_gpu(index, self.monitor.local_rank, os.environ))
 
 
-def instrument(model: Any, monitor: StepMonitor, optimizer: Any = None, **options: Any) -> Instrumentation:
+def instrument(model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock: Any = None) -> Instrumentation:
     """Hook `model` (DDP, FSDP or any module) and `optimizer` to report every step to `monitor`.
 
-    options: comm_hook/comm_state (a DDP communication hook to wrap instead of plain allreduce),
-    process_group (for the default allreduce), clock (CpuClock/CudaClock; default from the model's
-    device).
+    `clock`: CpuClock or CudaClock (default: from the model's device).
     """
-    return Instrumentation(model, monitor, optimizer, **options)
-
-
-def _is_ddp(model: Any) -> bool:
-    from torch.nn.parallel import DistributedDataParallel
-
-    return isinstance(model, DistributedDataParallel)
+    return Instrumentation(model, monitor, optimizer, clock=clock)
 
 
 def _device_of(model: Any) -> Any:
