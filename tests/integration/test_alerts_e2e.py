@@ -1,0 +1,100 @@
+"""End to end: a simulated fleet with an injected thermal straggler, a real Prometheus evaluating
+alerts/*.yml at a 5 s scrape and evaluation interval, a real Alertmanager routed by
+alerts/alertmanager.yml (receivers pointed at a local webhook) and the webhook as the pager.
+
+Only the GPUs are simulated (flopwatch.sim serves the same series real agents do, one target per
+node); Prometheus and Alertmanager are the Debian packages, all on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flopwatch.commands.demo import alertmanager_config, rule_files
+from flopwatch.promql import PromClient
+from flopwatch.sim.fleet import Fleet, node_name
+from flopwatch.sim.scenario import parse
+from flopwatch.sim.serve import FleetServer
+from flopwatch.stack import Alertmanager, Prometheus
+from flopwatch.stack.webhook import WebhookReceiver
+
+pytestmark = pytest.mark.integration
+
+SCRAPE_S = 5
+HEALTHY_S = 30           # watched before the fault, for pages that must not come
+PAGE_TIMEOUT_S = 75      # from the injection
+SLOW_NODE, SLOW_GPU = 2, 5
+
+
+def scenario():
+    """32 ranks (4 nodes x 8 H100s) of an 8B model at ~4.5 s per step, 2% jitter."""
+    return parse({
+        "name": "e2e-thermal", "seed": 11, "duration": "1h", "scrape_interval": f"{SCRAPE_S}s",
+        "fleet": {"nodes": 5, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 4},
+        "jobs": [{"id": "llm-8b", "nodes": "0-3",
+                  "model": {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192},
+                  "tokens_per_step": 1048576, "target_mfu": 0.45, "step_jitter": 0.02}],
+        "faults": [],
+    })
+
+
+def is_page(alert: dict) -> bool:
+    return alert.get("status") == "firing" and alert["labels"].get("severity") == "page"
+
+
+def test_thermal_straggler_pages_naming_node_gpu_rank_and_cause(tmp_path: Path) -> None:
+    fleet = Fleet(scenario())
+    for _ in range(24):                       # two minutes of history in the counters
+        fleet.advance(SCRAPE_S)
+    fleet.start_unix = time.time() - fleet.t  # step timestamps on the wall clock
+    server = FleetServer(fleet)
+    stop = threading.Event()
+    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
+    with WebhookReceiver() as webhook, Alertmanager(alertmanager_config(webhook.url)) as alertmanager:
+        server.start()
+        try:
+            targets = server.write_file_sd(tmp_path / "targets.json")
+            with Prometheus([{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(targets)]}]}],
+                            rule_files=rule_files(), alertmanagers=[alertmanager.url],
+                            scrape_interval=f"{SCRAPE_S}s", evaluation_interval=f"{SCRAPE_S}s") as prom:
+                ticker.start()
+                client = PromClient(prom.url)
+                time.sleep(HEALTHY_S)
+                assert [a for a in webhook.alerts if is_page(a)] == [], "a page before any fault"
+                assert client.query("job_id:flopwatch_straggler_ranks:count")[0].value == 32
+
+                with server.lock:
+                    fleet.inject("thermal_throttle", SLOW_NODE, gpu=SLOW_GPU, duration=3600, slowdown=0.08)
+                injected = time.monotonic()
+                page = webhook.wait_for(lambda a: is_page(a) and a["labels"]["alertname"] == "FlopWatchStraggler",
+                                        PAGE_TIMEOUT_S)
+                latency = time.monotonic() - injected
+                rule_errors = [(g["name"], r["name"], r.get("lastError")) for g in prom_rules(prom.url)
+                               for r in g["rules"] if r.get("health") == "err"]
+        finally:
+            stop.set()
+            ticker.join(timeout=30)
+            server.stop()
+
+    assert rule_errors == []
+    assert page is not None, f"no straggler page within {PAGE_TIMEOUT_S}s; got {webhook.alerts}"
+    labels = page["labels"]
+    assert (labels["node"], labels["gpu"], labels["cause"]) == (node_name(SLOW_NODE), str(SLOW_GPU), "thermal")
+    assert labels["rank"] == str(SLOW_NODE * 8 + SLOW_GPU) and labels["job_id"] == "llm-8b"
+    assert f"{node_name(SLOW_NODE)} GPU {SLOW_GPU}" in page["annotations"]["summary"]
+    assert page["annotations"]["runbook_url"] == "docs/runbooks.md#flopwatchstraggler"
+    others = [a["labels"] for a in webhook.alerts if is_page(a)
+              and (a["labels"].get("node"), a["labels"].get("gpu")) != (node_name(SLOW_NODE), str(SLOW_GPU))]
+    assert others == [], "pages for healthy GPUs"
+    print(f"straggler page {latency:.0f}s after the injection")
+
+
+def prom_rules(url: str) -> list[dict]:
+    with urllib.request.urlopen(url + "/api/v1/rules", timeout=10) as answer:
+        return json.load(answer)["data"]["groups"]
