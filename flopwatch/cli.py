@@ -80,8 +80,19 @@ def _add_docs(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=docs.run)
 
 
+def _add_dashboards(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import dashboards
+
+    parser = sub.add_parser(
+        "dashboards", help="build the Grafana dashboards as JSON, or push them to a Grafana",
+        description="`flopwatch dashboards build` writes dashboards/*.json from the code; "
+        "`flopwatch dashboards push --url URL` uploads them into a Grafana folder.",
+    )
+    dashboards.add_arguments(parser)
+
+
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_agent, _add_sim, _add_demo, _add_docs,
+    _add_agent, _add_sim, _add_demo, _add_docs, _add_dashboards,
 )
 
 
