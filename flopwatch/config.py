@@ -175,6 +175,9 @@ def parse_listen(value: Any) -> tuple[str, int]:
 FIELDS: dict[str, Field] = {
     "node": Field(_text, None, "a node name (default: this host's name)"),
     "listen": Field(parse_listen, f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT, e.g. 127.0.0.1:9847"),
+    "web_config": Field(_optional(_text), None,
+                        "a web config file (exporter-toolkit format: TLS certificate and key, client CA, "
+                        "basic-auth users with bcrypt hashes), e.g. /etc/flopwatch/web.yml; docs/operations.md"),
     "interval": Field(_number(1, 3600), 5.0, "seconds between collections, 1 to 3600"),
     "backend": Field(_choice("auto", "nvml", "dcgm", "sim"), "auto", "one of auto, nvml, dcgm, sim"),
     "log_level": Field(_choice("debug", "info", "warning", "error"), "info",
@@ -307,6 +310,7 @@ class AgentConfig:
     attribution: AttributionOptions = AttributionOptions()
     train: TrainOptions = TrainOptions(default_socket_path(), None, 64, 1024, 300.0)
     influx: InfluxOptions = InfluxOptions()
+    web_config: str | None = None
 
     @property
     def values(self) -> dict[str, Any]:
@@ -399,6 +403,7 @@ def load(
     return AgentConfig(
         node=parsed["node"] or socket.gethostname(),
         listen=parsed["listen"],
+        web_config=parsed["web_config"],
         interval=parsed["interval"],
         backend=parsed["backend"],
         log_level=parsed["log_level"],

@@ -22,6 +22,13 @@ BUILD_INFO = Metric(
 )
 HTTP_RESPONSES = Metric(
     "flopwatch_http_responses_total", "counter", "",
-    "HTTP answers of the metrics endpoint by status code (400/405/431 count malformed requests).",
+    "HTTP answers of the metrics endpoint by status code (400/405/413/431 count malformed requests, "
+    "401 wrong or missing credentials, 429 password checks refused while too many were queued).",
     ("code",),
+)
+HTTP_TLS_FAILURES = Metric(
+    "flopwatch_http_tls_handshake_failures_total", "counter", "",
+    "TLS handshakes the metrics endpoint refused or lost (web config with TLS), by reason: no_client_cert, "
+    "bad_client_cert, plain_http, client_alert, protocol, timeout, closed.",
+    ("reason",),
 )

@@ -19,12 +19,13 @@ from flopwatch.exporters.gpu.reading import BackendUnavailable
 
 if TYPE_CHECKING:
     from flopwatch.exporters.influx import InfluxSink
+    from flopwatch.exporters.webconfig import WebAccess
 
 log = logging.getLogger("flopwatch.agent")
 
 #: flag -> config key; every flag is optional so the file and environment can set it instead.
 FLAGS = {
-    "backend": "backend", "listen": "listen", "interval": "interval", "node": "node",
+    "backend": "backend", "listen": "listen", "web_config": "web_config", "interval": "interval", "node": "node",
     "log_level": "log_level", "peak_flops": "gpu.peak_flops", "sim_gpus": "sim.gpus",
     "sim_model": "sim.model", "nvlink_per_link": "gpu.nvlink_per_link", "sysfs_root": "nic.sysfs_root",
     "train": "collectors.train", "train_socket": "train.socket",
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPU backend (default auto: DCGM, then NVML)")
     parser.add_argument("--listen", metavar="HOST:PORT",
                         help=f"address to serve /metrics on (default 0.0.0.0:{cfg.DEFAULT_PORT})")
+    parser.add_argument("--web-config", dest="web_config", metavar="FILE",
+                        help="TLS and basic auth for /metrics: a web config file in the format Prometheus "
+                        "exporters use (docs/operations.md)")
     parser.add_argument("--interval", metavar="SECONDS", help="collection interval, 1 to 3600 (default 5)")
     parser.add_argument("--node", help="node label value (default: host name)")
     parser.add_argument("--log-level", dest="log_level", help="debug, info, warning or error")
@@ -123,6 +127,18 @@ def _influx_sink(config: cfg.AgentConfig) -> InfluxSink | None:
         raise UsageError(str(error)) from None
 
 
+def web_access(config: cfg.AgentConfig) -> WebAccess | None:
+    """TLS and basic auth from the web config file, checked before anything starts; None without one."""
+    if config.web_config is None:
+        return None
+    from flopwatch.exporters.webconfig import WebAccess, WebConfigError
+
+    try:
+        return WebAccess(config.web_config)
+    except WebConfigError as error:
+        raise UsageError(f"web config error: {error}") from None
+
+
 def gpu_processes_of(collector: GpuCollector | None) -> Callable[[], list[GpuProcesses]]:
     """The seam attribution and the host collector read PIDs through: the GPU collector's last
     readings (it updates first in each cycle), never the hardware itself."""
@@ -174,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         for key, value in config.values.items():
             print(f"{key}: {value}")
         return 0
+    access = web_access(config)
     agent = build_agent(config)
     try:
         agent.collect_once()
@@ -182,11 +199,13 @@ def run(args: argparse.Namespace) -> int:
             return 0
         host, port = config.listen
         try:
-            host, port = agent.serve(host, port)
+            host, port = agent.serve(host, port, access)
         except OSError as error:
             raise RuntimeFailure(f"cannot listen on {host}:{port}: {error.strerror}; "
                                  "pick another address with --listen HOST:PORT") from None
-        log.info("serving http://%s:%d/metrics every %gs as node %s", host, port, config.interval, config.node)
+        scheme = "https" if access is not None and access.tls else "http"
+        log.info("serving %s://%s:%d/metrics every %gs as node %s%s", scheme, host, port, config.interval,
+                 config.node, " (basic auth)" if access is not None and access.config.users else "")
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
@@ -201,4 +220,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if agent.http is not None:
             agent.http.stop()
+        if access is not None:
+            access.close()
         agent.close()

@@ -20,7 +20,7 @@ from prometheus_client.core import Metric as Family
 from flopwatch import __version__
 from flopwatch.catalog import agent as m
 from flopwatch.exporters.exposition import BlockRenderer, Blocks, ExpositionRenderer
-from flopwatch.exporters.http import METRICS_CONTENT_TYPE, HttpServer, Response
+from flopwatch.exporters.http import METRICS_CONTENT_TYPE, Access, HttpServer, Response
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,9 @@ class Agent:
             return Response(503, f"stale: last collection finished {age:.0f}s ago\n".encode(), "text/plain")
         return Response(200, b"ok\n", "text/plain")
 
-    def serve(self, host: str, port: int) -> tuple[str, int]:
-        self.http = HttpServer(host, port, self.route)
+    def serve(self, host: str, port: int, access: Access | None = None) -> tuple[str, int]:
+        """Serve /metrics; `access` (the web config) adds TLS and basic auth."""
+        self.http = HttpServer(host, port, self.route, access)
         return self.http.start()
 
 
@@ -191,3 +192,8 @@ class _SelfMetrics:
                 responses.add_metric([node, str(code)], count)
             if responses.samples:
                 yield responses
+            failures = m.HTTP_TLS_FAILURES.family()
+            for reason, count in sorted(agent.http.tls_failures.items()):
+                failures.add_metric([node, reason], count)
+            if failures.samples:
+                yield failures

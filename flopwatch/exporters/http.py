@@ -3,6 +3,10 @@
 Scrapes only copy bytes that the collection loop rendered, so this stays at a few hundred
 microseconds per request with keep-alive. It accepts GET and HEAD, bounds request size and idle
 time, answers malformed requests with 400/405/431 and counts every answer by status code.
+
+With an `Access` (the agent's web config, flopwatch/exporters/webconfig.py) each connection is
+upgraded to TLS before its first request, failed handshakes are counted by reason, and every
+request's credentials are checked before routing (401 with WWW-Authenticate when they are wrong).
 """
 
 from __future__ import annotations
@@ -10,20 +14,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 16 * 1024
 MAX_BODY_BYTES = 64 * 1024
 IDLE_TIMEOUT_S = 30.0
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Payload Too Large", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Payload Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+            503: "Service Unavailable"}
 
 
 @dataclass(frozen=True)
@@ -36,13 +44,31 @@ class Response:
 Router = Callable[[str], Response]
 
 
+class Access(Protocol):
+    """TLS and credentials in front of the router (webconfig.WebAccess); called on the loop thread."""
+
+    def tls_context(self) -> ssl.SSLContext | None: ...
+
+    async def authorize(self, authorization: str | None) -> int: ...  # 200, 401 or 429
+
+
+_DENIED = {
+    401: (Response(401, b"unauthorized: give the user and password of the agent's web config\n", "text/plain"),
+          'WWW-Authenticate: Basic realm="flopwatch", charset="UTF-8"\r\n'),
+    429: (Response(429, b"too many password checks at once; retry in a second\n", "text/plain"),
+          "Retry-After: 1\r\n"),
+}
+
+
 class HttpServer:
     """Serves `router(path)` on (host, port) from a background thread with its own event loop."""
 
-    def __init__(self, host: str, port: int, router: Router) -> None:
+    def __init__(self, host: str, port: int, router: Router, access: Access | None = None) -> None:
         self.host, self.port = host, port
         self.router = router
+        self.access = access
         self.responses: Counter[int] = Counter()
+        self.tls_failures: Counter[str] = Counter()  # refused or lost TLS handshakes, by reason
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -93,6 +119,8 @@ class HttpServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            if self.access is not None and not await self._start_tls(writer):
+                return
             while True:
                 try:
                     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
@@ -108,6 +136,21 @@ class HttpServer:
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+
+    async def _start_tls(self, writer: asyncio.StreamWriter) -> bool:
+        """Upgrade the connection when the web config asks for TLS; False (counted) when it fails."""
+        assert self.access is not None
+        context = self.access.tls_context()
+        if context is None:
+            return True
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S)
+        except (OSError, TimeoutError, EOFError) as error:  # ssl.SSLError and ConnectionError are OSErrors
+            reason = tls_failure_reason(error)
+            self.tls_failures[reason] += 1
+            log.debug("TLS handshake from %s refused: %s", writer.get_extra_info("peername"), reason)
+            return False
+        return True
 
     async def _answer(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         try:
@@ -137,9 +180,15 @@ class HttpServer:
             await reader.readexactly(length)
         connection = headers.get("connection", "").lower()
         keep_alive = connection != "close" and (version == "HTTP/1.1" or connection == "keep-alive")
+        if self.access is not None:  # before routing: nothing is served, not even a 404, to strangers
+            status = await self.access.authorize(headers.get("authorization"))
+            if status != 200:
+                denied, extra = _DENIED[status]
+                await self._send(writer, denied, head_only=method == "HEAD", keep_alive=keep_alive, extra=extra)
+                return keep_alive
         if method not in ("GET", "HEAD"):
             await self._send(writer, Response(405, b"only GET and HEAD\n", "text/plain"),
-                             head_only=False, keep_alive=keep_alive, allow=True)
+                             head_only=False, keep_alive=keep_alive, extra="Allow: GET, HEAD\r\n")
             return keep_alive
         path = target.split("?", 1)[0]
         try:
@@ -151,16 +200,43 @@ class HttpServer:
         return keep_alive
 
     async def _send(self, writer: asyncio.StreamWriter, response: Response, head_only: bool,
-                    keep_alive: bool, allow: bool = False) -> None:
+                    keep_alive: bool, extra: str = "") -> None:
         self.responses[response.status] += 1
         head = (
             f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}\r\n"
             f"Content-Type: {response.content_type}\r\n"
             f"Content-Length: {len(response.body)}\r\n"
             f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n"
-            + ("Allow: GET, HEAD\r\n" if allow else "")
+            + extra
             + "\r\n"
         ).encode("latin-1")
         writer.write(head if head_only else head + response.body)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
+
+
+#: Why a TLS handshake failed, from OpenSSL's reason code (a fixed set: it is a label value).
+_TLS_REASONS = {
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "no_client_cert",
+    "CERTIFICATE_VERIFY_FAILED": "bad_client_cert",
+    "HTTP_REQUEST": "plain_http",
+    "HTTPS_PROXY_REQUEST": "plain_http",
+    "UNEXPECTED_EOF_WHILE_READING": "closed",
+}
+
+
+def tls_failure_reason(error: BaseException) -> str:
+    """no_client_cert, bad_client_cert, plain_http, client_alert (the client refused us, e.g. our
+    certificate), protocol (versions, ciphers, garbage), timeout or closed."""
+    if isinstance(error, ssl.SSLError):
+        reason = error.reason or ""
+        if reason in _TLS_REASONS:
+            return _TLS_REASONS[reason]
+        if "ALERT" in reason:
+            return "client_alert"
+        if isinstance(error, ssl.SSLEOFError):
+            return "closed"
+        return "protocol"
+    if isinstance(error, TimeoutError) or "taking longer" in str(error):
+        return "timeout"
+    return "closed"
