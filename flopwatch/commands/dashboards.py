@@ -98,9 +98,9 @@ def run_push(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError("--timeout: must be more than 0 seconds")
     token = read_token(args.token_file)
-    if token is None and "@" not in args.url:
-        log.warning("no token (--token-file or $%s): pushing without credentials", TOKEN_ENV)
     try:
+        if token is None and push.check_url(args.url)[4] is None:
+            log.warning("no token (--token-file or $%s): pushing without credentials", TOKEN_ENV)
         pushed = push.push(args.url, token, dashboards.build_all(args.docs_url), folder=args.folder,
                            timeout=args.timeout)
     except push.BadTarget as error:

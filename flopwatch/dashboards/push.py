@@ -67,21 +67,25 @@ def display_url(url: str) -> str:
     return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
 
 
-def connect(url: str, token: str | None, timeout: float) -> GrafanaApi:
-    """A client for `url` (http[s]://host[:port][/prefix]); basic auth from the URL if no token."""
+def check_url(url: str) -> tuple[str, str, int | None, str, tuple[str, str] | None]:
+    """(scheme, host, port, path prefix, URL credentials) of http[s]://[user:pass@]host[:port][/prefix]."""
+    shown = re.sub(r"^([^/]*//)?[^/@]*@", r"\1", url)
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise BadTarget(f"--url {display_url(url)!r}: not a URL; expected e.g. http://grafana:3000") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadTarget(f"--url {display_url(url)!r}: expected http(s)://HOST[:PORT][/PATH], "
-                        "e.g. http://localhost:3000")
-    credential: Any = token
-    if not token and parts.username and parts.password:
-        credential = (parts.username, parts.password)
-    prefix = parts.path.strip("/")
-    return GrafanaApi(credential, host=parts.hostname, port=port, protocol=parts.scheme,
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadTarget(f"--url {shown!r}: expected http(s)://HOST[:PORT][/PATH], e.g. http://localhost:3000")
+    credentials = (parts.username, parts.password) if parts.username and parts.password else None
+    return parts.scheme, parts.hostname, port, parts.path.strip("/"), credentials
+
+
+def connect(url: str, token: str | None, timeout: float) -> GrafanaApi:
+    """A client for `url`; the token as Bearer, else basic auth from the URL, else none."""
+    scheme, host, port, prefix, credentials = check_url(url)
+    credential: Any = token or credentials
+    return GrafanaApi(credential, host=host, port=port, protocol=scheme,
                       url_path_prefix=f"{prefix}/" if prefix else "", timeout=timeout,
                       user_agent=f"flopwatch/{__version__}")
 
@@ -122,6 +126,8 @@ def _talking_to(url: str, token: str | None, doing: str) -> Iterator[None]:
     except GrafanaException as error:
         status = f"HTTP {error.status_code}" if error.status_code else "an error"
         raise PushError(scrub(f"Grafana at {where} answered {status} while {doing}: {_message(error)}")) from None
+    except niquests.exceptions.JSONDecodeError:
+        raise PushError(f"{where} does not answer like Grafana's HTTP API while {doing}; check --url") from None
     except niquests.exceptions.RequestException as error:
         raise PushError(f"cannot reach Grafana at {where} ({_reason(error)}) while {doing}; "
                         "check --url and that Grafana is running") from None
@@ -141,11 +147,14 @@ def ensure_folder(api: GrafanaApi, url: str, token: str | None, name: str) -> st
     uid = folder_uid(name)
     with _talking_to(url, token, f"looking up folder {uid!r}"):
         try:
-            api.folder.get_folder(uid)
-            return uid
+            folder = api.folder.get_folder(uid)
         except GrafanaClientError as error:
             if error.status_code != 404:
                 raise
+        else:
+            if not isinstance(folder, dict):
+                raise PushError(f"{display_url(url)} does not answer like Grafana's HTTP API; check --url")
+            return uid
     with _talking_to(url, token, f"creating folder {name!r} (uid {uid})"):
         try:
             api.folder.create_folder(name, uid=uid)
