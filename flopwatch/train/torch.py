@@ -25,7 +25,9 @@ Marks are taken by hooks, none of them on the communication path:
     optimizer = optimizer step end - start;  other = the rest
 
 DDP's own allreduce (and any communication hook the user registers) is left alone, and no Python
-runs on the communication library's threads.
+runs on the communication library's threads. FSDP queues its wait for the reductions before any
+callback of ours can be queued, so under FSDP the collective time counts as compute (a warning
+says so); steps, data, optimizer and step time are right.
 
 On CPU the marks are `time.perf_counter()` readings. On GPU they are CUDA events recorded on the
 current stream; they are read at later step boundaries once complete (`Event.query()`), never
@@ -125,6 +127,10 @@ class Instrumentation:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._backward_watched = False
+        if _is_fsdp(model):
+            log.warning("flopwatch: FSDP waits for its reductions before any end-of-backward callback of "
+                        "ours can run, so its collective time counts as compute and comm reads 0; time "
+                        "phases by hand (StepMonitor.phase) to split them")
         self._set_gpu(model)
         self._handles.append(model.register_forward_pre_hook(self._on_forward))
         trained = [p for p in model.parameters() if p.requires_grad]
@@ -253,6 +259,14 @@ def instrument(model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock
     `clock`: CpuClock or CudaClock (default: from the model's device).
     """
     return Instrumentation(model, monitor, optimizer, clock=clock)
+
+
+def _is_fsdp(model: Any) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:
+        return False
+    return isinstance(model, FullyShardedDataParallel | FSDPModule)
 
 
 def _device_of(model: Any) -> Any:
