@@ -5,6 +5,8 @@ plans 100,000 GPUs with.
 
 Three parts, each measured, none estimated:
 
+- `influx`: line protocol per cycle of one agent and the sink's conversion time, against the
+  agent's own collection cycle measured in the same run.
 - `series`: series per node and per GPU of a simulated node (the same bytes a real agent renders
   for those collectors), with NVLink per GPU (the simulator's default) and per link, for a node in
   a training job and an idle one; samples per second per node follow at 5 s and 15 s.
@@ -30,8 +32,10 @@ import subprocess
 import tempfile
 import threading
 import time
+import timeit
 import urllib.request
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -76,6 +80,43 @@ def series_counts() -> dict[str, float]:
             out[f"{mode}_{name}_node_level_series"] = total - per_gpu
             for interval in (5, 15):
                 out[f"{mode}_{name}_samples_per_s_per_node_at_{interval}s"] = round(total / interval, 1)
+    return out
+
+
+# -- what one agent sends to InfluxDB ----------------------------------------------------------------------
+def sink_volume() -> dict[str, float]:
+    """Line protocol per cycle of a real agent (simulated GPUs, this machine's NICs and host), and
+    the sink's conversion cost, against rendering the same exposition (the agent's own work)."""
+    from flopwatch import config as cfg
+    from flopwatch.commands.agent import build_agent
+    from flopwatch.exporters.influx import GZIP_LEVEL, LineProtocolEncoder
+
+    out: dict[str, float] = {}
+    for per_link in (True, False):
+        mode = "nvlink_per_link" if per_link else "nvlink_per_gpu"
+        config = cfg.load(overrides={"backend": "sim", "node": "gpu-node-0001", "listen": "127.0.0.1:0",
+                                     "gpu.nvlink_per_link": per_link}, environ={})
+        agent = build_agent(config)
+        try:
+            agent.collect_once()
+            agent.collect_once()
+            text = agent.exposition()
+            encoder = LineProtocolEncoder()
+            data, points, _ = encoder.encode(text, int(time.time() * 1000))
+            encode = min(timeit.repeat(partial(encoder.encode, text, 1), number=20, repeat=5)) / 20
+            squeeze = min(timeit.repeat(partial(gzip.compress, data, GZIP_LEVEL), number=5, repeat=3)) / 5
+            squeeze9 = min(timeit.repeat(partial(gzip.compress, data, 9), number=5, repeat=3)) / 5  # client default
+            cycle = min(timeit.repeat(agent.collect_once, number=5, repeat=3)) / 5
+        finally:
+            agent.close()
+        out.update({f"{mode}_points_per_cycle": points, f"{mode}_bytes_per_cycle": len(data),
+                    f"{mode}_gzip_bytes_per_cycle": len(gzip.compress(data, GZIP_LEVEL)),
+                    f"{mode}_gzip9_bytes_per_cycle": len(gzip.compress(data, 9)),
+                    f"{mode}_gzip9_ms": round(squeeze9 * 1000, 2),
+                    f"{mode}_encode_ms": round(encode * 1000, 2), f"{mode}_gzip_ms": round(squeeze * 1000, 2),
+                    f"{mode}_collect_cycle_ms": round(cycle * 1000, 2),
+                    f"{mode}_encode_vs_cycle": round(encode / cycle, 3),
+                    f"{mode}_mb_per_hour_at_5s": round(len(data) * 720 / 1e6, 1)})
     return out
 
 
@@ -217,7 +258,7 @@ def main() -> None:
     parser.add_argument("--skip-tsdb", action="store_true")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    results: dict[str, object] = {"series": series_counts()}
+    results: dict[str, object] = {"series": series_counts(), "influx": sink_volume()}
     if not args.skip_tsdb:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)
     if not args.skip_serve:

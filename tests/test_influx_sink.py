@@ -213,14 +213,15 @@ def test_cycles_arrive_once_in_order_gzipped_with_token_org_bucket_and_ms(stub, 
     assert sink.written == 6 and sink.failures == 0
 
 
-def test_batches_respect_batch_size(stub, tmp_path):
-    sink = InfluxSink(options(stub.url, tmp_path, batch_size=3), "n1")
+def test_batches_respect_batch_size_and_gzip_can_be_off(stub, tmp_path):
+    sink = InfluxSink(options(stub.url, tmp_path, batch_size=3, gzip=False), "n1")
     try:
         sink.on_cycle(1.0, exposition({str(gpu): gpu for gpu in range(8)}))
         assert sink.flush(10)
     finally:
         sink.close()
     assert [body.count(b"\n") for body in stub.accepted] == [3, 3, 2]
+    assert all("Content-Encoding" not in request["headers"] for request in stub.requests)
 
 
 def test_5xx_is_retried_with_backoff_then_kept_and_sent_exactly_once(stub, tmp_path):

@@ -21,6 +21,7 @@ be written in line protocol: they are skipped and counted.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
 import queue
 import re
@@ -43,6 +44,7 @@ QUEUE_CYCLES = 64           # cycles waiting to be spooled before new ones are d
 MAX_BACKOFF = 10.0          # seconds between write attempts while the server is away
 REQUEST_TIMEOUT_MS = 5_000  # per HTTP request
 CLOSE_TIMEOUT = 5.0         # seconds spent flushing at shutdown; the rest stays in the buffer
+GZIP_LEVEL = 1
 
 _NON_FINITE = {b"NaN", b"+Inf", b"-Inf", b"Inf"}
 _LABEL = re.compile(rb'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -146,8 +148,10 @@ class InfluxWriter:
         except ImportError:
             raise SinkError("influx.url needs influxdb-client: pip install 'flopwatch[influx]'") from None
         self.options = options
+        # gzip is done here, at level 1: the client's level 9 costs more CPU than a collection cycle
+        # (bench/RESULTS.md) for a body about a third smaller
         self.client = InfluxDBClient(url=options.url, token=token, org=options.org,
-                                     timeout=REQUEST_TIMEOUT_MS, enable_gzip=options.gzip)
+                                     timeout=REQUEST_TIMEOUT_MS, enable_gzip=False)
         self.service = WriteService(self.client.api_client)
         # the sink reports an outage once; the client would warn on every retry of every batch
         logging.getLogger("influxdb_client.client.write.retry").setLevel(logging.ERROR)
@@ -161,9 +165,11 @@ class InfluxWriter:
         retries = WritesRetry(total=2, retry_interval=0.5, exponential_base=2, max_retry_delay=4,
                               max_retry_time=15, allowed_methods=["POST"])
         try:
-            self.service.post_write(org=self.options.org, bucket=self.options.bucket, body=body,
+            extra = {"content_encoding": "gzip"} if self.options.gzip else {}
+            self.service.post_write(org=self.options.org, bucket=self.options.bucket,
+                                    body=gzip.compress(body, GZIP_LEVEL) if self.options.gzip else body,
                                     precision=WritePrecision.MS, content_type="text/plain; charset=utf-8",
-                                    urlopen_kw={"retries": retries})
+                                    urlopen_kw={"retries": retries}, **extra)
         except ApiException as error:
             raise _api_failure(error, self.options) from None
         except Exception as error:  # unreachable, timed out, 429/5xx after the retries
