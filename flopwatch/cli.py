@@ -91,8 +91,21 @@ def _add_dashboards(sub: argparse._SubParsersAction) -> None:
     dashboards.add_arguments(parser)
 
 
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import report
+
+    parser = sub.add_parser(
+        "report", help="write the weekly utilization report (HTML, Markdown, CSV, PDF) from Prometheus",
+        description="Where the GPU-hours and the energy went and what they bought: GPU-hours allocated, busy "
+        "and idle; MFU; goodput and badput; straggler and hardware incidents; lemon nodes; energy and cost; "
+        "recommendations. Reads any Prometheus holding FlopWatch series; an unreachable one exits 1.",
+    )
+    report.add_arguments(parser)
+    parser.set_defaults(handler=report.run)
+
+
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_agent, _add_sim, _add_demo, _add_docs, _add_dashboards,
+    _add_agent, _add_sim, _add_demo, _add_docs, _add_dashboards, _add_report,
 )
 
 

@@ -1,0 +1,161 @@
+"""Building a report: probe what the Prometheus holds, run the queries in three batches (the main
+figures; the straggler detector that suits the data; per-incident details), compute the sections,
+then write HTML, Markdown, CSV and (with Chromium) PDF."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from flopwatch.promql import PromClient
+from flopwatch.report import incidents as inc
+from flopwatch.report import recommend, render, sections
+from flopwatch.report.facts import Facts, compute
+from flopwatch.report.fetch import Fetcher, Progress, Results
+from flopwatch.report.model import Report, Section
+from flopwatch.report.pdf import PdfError, write_pdf
+from flopwatch.report.queries import Promql, Query, probe_queries
+from flopwatch.report.settings import ReportSettings
+from flopwatch.report.window import Grid, Window, format_duration, format_time, grid_for
+
+TITLE = "FlopWatch utilization report"
+
+
+@dataclass
+class Written:
+    files: list[Path] = field(default_factory=list)
+    pdf_error: str | None = None
+
+
+def build(prometheus: str, window: Window, settings: ReportSettings, progress: Progress | None = None,
+          now: float | None = None) -> Report:
+    """Query `prometheus` over `window` and assemble the report (raises fetch.Unreachable)."""
+    client = PromClient(prometheus, timeout=settings.timeout)
+    fetcher = Fetcher(client, workers=settings.workers, progress=progress)
+    fetcher.check()
+    probe = fetcher.run(probe_queries(settings, window))
+    gpu_samples = probe.scalar("probe_gpu") or 0.0
+    train_samples = probe.scalar("probe_train") or 0.0
+    report = Report(TITLE, prometheus, window.start, window.end, now if now is not None else time.time(), 0.0,
+                    settings.currency)
+    if not gpu_samples and not train_samples:
+        report.has_data = False
+        report.step = window.seconds
+        report.notes.append(
+            f"There is no data: this Prometheus holds no FlopWatch series (flopwatch_gpu_up, "
+            f"flopwatch_train_steps_total) between {format_time(window.start)} and {format_time(window.end)}. "
+            "Check the window (--last, --from/--to), that Prometheus scrapes the FlopWatch agents, and that its "
+            "retention reaches back that far.")
+        return report
+
+    spacing = window.seconds / max(gpu_samples, train_samples)
+    grid = grid_for(window, spacing)
+    report.step = grid.step
+    fetcher.grid = grid
+    promql = Promql(settings, window, grid, spacing)
+    first = promql.range_queries() + promql.counter_queries() + promql.total_queries(window)
+    if probe.scalar("probe_prev"):
+        previous = window.previous()
+        first += promql.total_queries(previous, prefix="prev_")
+        first += promql.previous_range_queries(Grid(previous.end, grid.step, grid.n))
+    fetcher.expect(len(first) + 1)
+    results = fetcher.run(first, expected=True)
+
+    alerts = bool(results.scalar("alerts_present"))
+    second = [promql.straggler_alerts() if alerts else promql.straggler_scores()]
+    if not results.vector("energy_total", settings.cluster_label):
+        second.append(promql.power_fallback())
+        fetcher.expect(1)
+    fetcher.run(second, expected=True)
+
+    facts = compute(results, settings, window, grid)
+    label = settings.cluster_label
+    if alerts:
+        stragglers = inc.stragglers_from_alerts(results, grid, label)
+    else:
+        ranks = {key: job.max_gpus for key, job in facts.jobs.items()}
+        stragglers = inc.stragglers_from_scores(results, grid, label, settings.thresholds.straggler_min_buckets,
+                                                ranks)
+    hardware = inc.hardware(results, grid, label)
+    _details(fetcher, promql, facts, stragglers, hardware, with_cause=not alerts)
+    lemons = inc.lemons(stragglers + hardware, settings.thresholds.lemon_occasions)
+
+    errors = {name: o.error for name, o in results.outcomes.items() if o.error}
+    report.sections = [
+        sections.summary(facts, stragglers, hardware, lemons, settings),
+        recommend.recommendations(facts, stragglers, lemons, settings),
+        sections.usage(facts, settings, errors),
+        sections.mfu(facts, settings, errors),
+        sections.goodput(facts, errors),
+        sections.stragglers(stragglers, _method(alerts, grid, settings), errors),
+        sections.hardware(hardware, lemons, errors),
+        sections.energy(facts, settings, errors),
+    ]
+    _summary_first(report.sections)
+    return report
+
+
+def _summary_first(items: list[Section]) -> None:
+    """Recommendations come right after the summary: what a reader acts on."""
+    order = ["summary", "recommendations"]
+    items.sort(key=lambda s: order.index(s.id) if s.id in order else len(order))
+
+
+def _method(alerts: bool, grid: Grid, settings: ReportSettings) -> str:
+    t = settings.thresholds
+    if alerts:
+        return ("From the FlopWatchStraggler alerts this Prometheus evaluated (its ALERTS series), with the cause "
+                "each alert named. Slowdown and GPU-hours lost come from the ranks' own counters over each "
+                "incident.")
+    return (f"This Prometheus holds no FlopWatchStraggler alerts for the window (a backfilled history has none), so "
+            f"the straggler score was evaluated over the raw counters: a rank that reached the gradient collective "
+            f"at least {100 * t.straggler_excess:.0f}% later per step than its job's median rank, in "
+            f"{format_duration(grid.step)} buckets, for at least {t.straggler_min_buckets} buckets. Each cause is "
+            "read from the GPU's and node's telemetry over the incident (clock-event reasons, PCIe width, NVLink "
+            "and InfiniBand errors, host CPU, data-loading time).")
+
+
+def _details(fetcher: Fetcher, promql: Promql, facts: Facts, stragglers: list[inc.Incident],
+             hardware: list[inc.Incident], with_cause: bool) -> None:
+    """Per-incident queries: the straggler's slowdown (and cause), the job that held a faulty GPU."""
+    grid = promql.grid
+
+    def job_gpus(incident: inc.Incident) -> int:
+        job = facts.jobs.get((incident.cluster, incident.job_id))
+        if job is None or job.gpus_series is None:
+            return 0
+        window = slice(max(0, grid.index(incident.start + grid.step)), grid.index(incident.end) + 1)
+        held = job.gpus_series[window]
+        return int(np.nanmax(held)) if held.size and np.isfinite(held).any() else job.max_gpus
+
+    ranked = sorted(stragglers, key=lambda i: -(i.seconds * max(job_gpus(i), 1)))[:inc.DETAIL_LIMIT]
+    queries: list[Query] = []
+    for n, incident in enumerate(ranked):
+        queries.append(promql.straggler_detail(f"detail_{n}", incident.cluster, incident.job_id, incident.ranks[0],
+                                               incident.node, incident.gpus[0], incident.start, incident.end))
+    located = [i for i in hardware if i.gpus][:inc.DETAIL_LIMIT]
+    for n, incident in enumerate(located):
+        queries.append(promql.gpu_job(f"owner_{n}", incident.cluster, incident.node, incident.gpus[0],
+                                      min(incident.start + grid.step, incident.end)))
+    results: Results = fetcher.run(queries)
+    for n, incident in enumerate(ranked):
+        signals = {k[0]: v for k, v in results.vector(f"detail_{n}", "signal").items()}
+        job = facts.jobs.get((incident.cluster, incident.job_id))
+        inc.apply_detail(incident, signals, job_gpus(incident), job.arrival_share if job else 1.0, with_cause)
+    for n, incident in enumerate(located):
+        owners = results.vector(f"owner_{n}", "job_id")
+        incident.job_id = ", ".join(sorted(k[0] for k in owners if k[0]))
+
+
+def write(report: Report, out_dir: Path, pdf: bool = True) -> Written:
+    """Every output file; the PDF only when Chromium is there (its absence is said, not fatal)."""
+    written = Written(render.write_all(report, out_dir))
+    if pdf:
+        try:
+            written.files.append(write_pdf(out_dir / "report.html", out_dir / "report.pdf"))
+        except PdfError as error:
+            written.pdf_error = str(error)
+    return written

@@ -1,0 +1,427 @@
+"""The numbers behind the report, per cluster and per job, from the query results.
+
+Time-weighted quantities (GPU-hours, allocated peak FLOP-seconds, telemetry MFU) are sums over
+the grid's buckets of each bucket's value times its length; counters (FLOPs, tokens, energy,
+phase seconds) are increases over the whole window. Ratios are formed last, from those sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flopwatch.report.fetch import Results
+from flopwatch.report.settings import ReportSettings
+from flopwatch.report.window import Grid, Window
+
+BADPUT_CAUSES = ("data", "checkpoint", "straggler", "restart")
+JOULES_PER_KWH = 3.6e6
+
+
+def _sum(values: np.ndarray | None, step: float) -> float:
+    return float(np.nansum(values) * step) if values is not None else 0.0
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+@dataclass
+class JobFacts:
+    cluster: str
+    job_id: str
+    user: str = ""
+    team: str = ""
+    gpu_seconds: float = 0.0           # allocated GPU-seconds (flopwatch_gpu_job_info)
+    busy_gpu_seconds: float = 0.0
+    peak_flop_seconds: float = 0.0     # allocated GPUs x dense peak x time: the MFU denominator
+    max_gpus: int = 0
+    first: float | None = None         # first and last bucket the job held GPUs
+    last: float | None = None
+    model_flops: float | None = None   # None: the job reports no training telemetry
+    hardware_flops: float | None = None
+    tokens: float | None = None
+    steps: float | None = None
+    tensor_gpu_seconds: float = 0.0    # telemetry MFU numerator (GPU-seconds at full tensor peak)
+    tensor_cover_seconds: float = 0.0  # GPU-seconds that reported tensor activity
+    energy_j: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)   # rank-seconds per phase
+    checkpoint_s: float = 0.0
+    straggler_wait_s: float = 0.0
+    gpus_series: np.ndarray | None = None    # per bucket: GPUs held, model FLOPs, allocated peak, MFU
+    flops_series: np.ndarray | None = None
+    peak_series: np.ndarray | None = None
+    mfu_series: np.ndarray | None = None
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600
+
+    @property
+    def busy_gpu_hours(self) -> float:
+        return self.busy_gpu_seconds / 3600
+
+    @property
+    def idle_gpu_hours(self) -> float:
+        return max(0.0, self.gpu_seconds - self.busy_gpu_seconds) / 3600
+
+    @property
+    def hours(self) -> float:
+        return self.gpu_seconds / self.max_gpus / 3600 if self.max_gpus else 0.0
+
+    @property
+    def instrumented(self) -> bool:
+        return self.model_flops is not None
+
+    @property
+    def mfu(self) -> float | None:
+        return _ratio(self.model_flops, self.peak_flop_seconds)
+
+    @property
+    def hfu(self) -> float | None:
+        return _ratio(self.hardware_flops, self.peak_flop_seconds)
+
+    @property
+    def telemetry_mfu(self) -> float | None:
+        return _ratio(self.tensor_gpu_seconds, self.tensor_cover_seconds) if self.tensor_cover_seconds else None
+
+    @property
+    def energy_kwh(self) -> float | None:
+        return self.energy_j / JOULES_PER_KWH if self.energy_j is not None else None
+
+    @property
+    def tokens_per_kwh(self) -> float | None:
+        return _ratio(self.tokens, self.energy_kwh)
+
+    @property
+    def arrival_share(self) -> float:
+        """Share of step time spent before the collective (data + compute + other)."""
+        total = sum(self.phases.values())
+        arrival = sum(self.phases.get(p, 0.0) for p in ("data", "compute", "other"))
+        return arrival / total if total else 1.0
+
+    def badput(self) -> dict[str, float] | None:
+        """Fractions of allocated GPU time by cause (the rules' definitions, over the window)."""
+        if not self.instrumented or not self.phases or not self.gpu_seconds:
+            return None
+        stepping = sum(self.phases.values())
+        alloc = self.gpu_seconds
+        return {
+            "data": self.phases.get("data", 0.0) / alloc,
+            "checkpoint": self.checkpoint_s / alloc,
+            "straggler": self.straggler_wait_s / alloc,
+            "restart": max(0.0, 1 - (stepping + self.checkpoint_s) / alloc),
+        }
+
+    @property
+    def goodput(self) -> float | None:
+        if not self.instrumented or not self.phases or not self.gpu_seconds:
+            return None
+        stepping = sum(self.phases.values())
+        return max(0.0, stepping - self.phases.get("data", 0.0) - self.straggler_wait_s) / self.gpu_seconds
+
+
+@dataclass
+class ClusterFacts:
+    cluster: str
+    step: float
+    gpus: np.ndarray
+    allocated: np.ndarray
+    busy: np.ndarray
+    peak: np.ndarray
+    energy_j: float | None = None
+    energy_estimated: bool = False     # from average power, the fleet lacks the energy counter
+    energy_series: np.ndarray | None = None
+    idle_energy_j: float | None = None
+    tensor: np.ndarray | None = None
+    tensor_gpus: np.ndarray | None = None
+    model_flops: float | None = None
+    tokens: float | None = None
+    allocated_peak_flop_seconds: float = 0.0
+    allocated_busy_seconds: float = 0.0
+    instrumented_peak_flop_seconds: float = 0.0
+
+    @property
+    def gpu_hours(self) -> float:
+        return _sum(self.gpus, self.step) / 3600
+
+    @property
+    def allocated_hours(self) -> float:
+        return _sum(self.allocated, self.step) / 3600
+
+    @property
+    def busy_hours(self) -> float:
+        return _sum(self.busy, self.step) / 3600
+
+    @property
+    def unallocated_hours(self) -> float:
+        return max(0.0, self.gpu_hours - self.allocated_hours)
+
+    @property
+    def allocated_idle_hours(self) -> float:
+        return max(0.0, self.allocated_hours - self.allocated_busy_seconds / 3600)
+
+    @property
+    def max_gpus(self) -> int:
+        return int(np.nanmax(self.gpus)) if np.isfinite(self.gpus).any() else 0
+
+    @property
+    def peak_flop_seconds(self) -> float:
+        return _sum(self.peak, self.step)
+
+    @property
+    def fleet_mfu(self) -> float | None:
+        """Model FLOPs over every GPU's peak, idle GPUs included."""
+        return _ratio(self.model_flops, self.peak_flop_seconds)
+
+    @property
+    def allocated_mfu(self) -> float | None:
+        """Model FLOPs of instrumented jobs over the peak of the GPUs allocated to them."""
+        return _ratio(self.model_flops, self.instrumented_peak_flop_seconds)
+
+    @property
+    def telemetry_mfu(self) -> float | None:
+        if self.tensor is None or self.tensor_gpus is None:
+            return None
+        return _ratio(_sum(self.tensor, self.step), _sum(self.tensor_gpus, self.step))
+
+    @property
+    def energy_kwh(self) -> float | None:
+        return self.energy_j / JOULES_PER_KWH if self.energy_j is not None else None
+
+    def first_seen(self, grid: Grid) -> float | None:
+        seen = np.flatnonzero(np.isfinite(self.gpus) & (self.gpus > 0))
+        return float(grid.times[seen[0]] - grid.step) if seen.size else None
+
+    def gaps(self, grid: Grid) -> list[tuple[float, float]]:
+        """Spans inside the data where no GPU reported (a scrape outage, a Prometheus restart)."""
+        present = np.isfinite(self.gpus) & (self.gpus > 0)
+        seen = np.flatnonzero(present)
+        if seen.size == 0:
+            return []
+        gaps, start = [], None
+        for i in range(seen[0], seen[-1] + 1):
+            if not present[i] and start is None:
+                start = i
+            elif present[i] and start is not None:
+                gaps.append((float(grid.times[start] - grid.step), float(grid.times[i - 1])))
+                start = None
+        return gaps
+
+
+@dataclass
+class Previous:
+    """The week before, for deltas (None where it had no data)."""
+
+    gpu_hours: float | None = None
+    allocated_hours: float | None = None
+    busy_hours: float | None = None
+    fleet_mfu: float | None = None
+    allocated_mfu: float | None = None
+    energy_kwh: float | None = None
+    tokens: float | None = None
+
+
+@dataclass
+class Facts:
+    window: Window
+    grid: Grid
+    clusters: dict[str, ClusterFacts]
+    jobs: dict[tuple[str, str], JobFacts]
+    previous: Previous
+    unattributed_jobs: list[tuple[str, str]] = field(default_factory=list)
+
+    def total(self, attribute: str) -> float | None:
+        values = [getattr(c, attribute) for c in self.clusters.values()]
+        values = [v for v in values if v is not None]
+        return float(sum(values)) if values else None
+
+    def fleet_mfu(self) -> float | None:
+        flops = self.total("model_flops")
+        return _ratio(flops, self.total("peak_flop_seconds"))
+
+    def allocated_mfu(self) -> float | None:
+        return _ratio(self.total("model_flops"), self.total("instrumented_peak_flop_seconds"))
+
+    def telemetry_mfu(self) -> float | None:
+        num = sum(_sum(c.tensor, c.step) for c in self.clusters.values() if c.tensor is not None)
+        den = sum(_sum(c.tensor_gpus, c.step) for c in self.clusters.values() if c.tensor_gpus is not None)
+        return num / den if den else None
+
+    def goodput(self) -> float | None:
+        """Good rank-seconds over allocated GPU-seconds of instrumented jobs."""
+        good = alloc = 0.0
+        for job in self.jobs.values():
+            if job.goodput is not None:
+                good += job.goodput * job.gpu_seconds
+                alloc += job.gpu_seconds
+        return good / alloc if alloc else None
+
+    def ranked_jobs(self) -> list[JobFacts]:
+        return sorted(self.jobs.values(), key=lambda j: (-j.gpu_seconds, j.cluster, j.job_id))
+
+
+def _series(matrix: dict[tuple[str, ...], np.ndarray], key: tuple[str, ...], n: int) -> np.ndarray:
+    return matrix.get(key, np.full(n, np.nan))
+
+
+def compute(results: Results, settings: ReportSettings, window: Window, grid: Grid) -> Facts:
+    """Per-cluster and per-job facts from the first batch of query results."""
+    n, step = grid.n, grid.step
+    m = results.matrix
+    label = settings.cluster_label
+    gpus = m("gpus", grid, label)
+    allocated = m("allocated", grid, label)
+    busy = m("busy", grid, label)
+    peak = m("peak", grid, label)
+    energy = m("energy", grid, label)
+    idle_energy = m("idle_energy", grid, label)
+    tensor = m("tensor", grid, label)
+    tensor_gpus = m("tensor_gpus", grid, label)
+    energy_total = results.vector("energy_total", label)
+    power_avg = results.vector("power_avg", label)
+    flops_total = results.vector("flops_total", label, "job_id")
+    hw_total = results.vector("hw_flops_total", label, "job_id")
+    tokens_total = results.vector("tokens_total", label, "job_id")
+    steps_total = results.vector("steps_total", label, "job_id")
+    phases_total = results.vector("phases_total", label, "job_id", "phase")
+    checkpoint_total = results.vector("checkpoint_total", label, "job_id")
+
+    job_gpus = m("job_gpus", grid, label, "job_id", "user")
+    job_busy = m("job_busy", grid, label, "job_id")
+    job_peak = m("job_peak", grid, label, "job_id")
+    job_flops = m("job_flops", grid, label, "job_id")
+    job_tensor = m("job_tensor", grid, label, "job_id")
+    job_tensor_gpus = m("job_tensor_gpus", grid, label, "job_id")
+    job_energy = m("job_energy", grid, label, "job_id")
+    wait = m("straggler_wait", grid, label, "job_id")
+
+    jobs: dict[tuple[str, str], JobFacts] = {}
+    for (cluster, job_id, user), series in job_gpus.items():
+        key = (cluster, job_id)
+        job = jobs.get(key)
+        if job is None:
+            job = jobs[key] = JobFacts(cluster, job_id, user, settings.teams.get(user, ""))
+            job.gpus_series = np.zeros(n)
+        job.gpu_seconds += _sum(series, step)
+        job.gpus_series = np.nansum([job.gpus_series, series], axis=0)
+        held = np.flatnonzero(np.isfinite(series) & (series > 0))
+        if held.size:
+            first, last = float(grid.times[held[0]] - step), float(grid.times[held[-1]])
+            job.first = first if job.first is None else min(job.first, first)
+            job.last = last if job.last is None else max(job.last, last)
+    for job in jobs.values():
+        key = (job.cluster, job.job_id)
+        job.max_gpus = int(np.nanmax(job.gpus_series)) if job.gpus_series is not None else 0
+        job.busy_gpu_seconds = _sum(job_busy.get(key), step)
+        job.peak_flop_seconds = _sum(job_peak.get(key), step)
+        job.tensor_gpu_seconds = _sum(job_tensor.get(key), step)
+        job.tensor_cover_seconds = _sum(job_tensor_gpus.get(key), step)
+        if key in job_energy:  # increases per bucket: joules already
+            job.energy_j = float(np.nansum(job_energy[key]))
+
+    unattributed = []
+    for key in sorted(set(flops_total) | set(steps_total)):
+        job = jobs.get(key)
+        if job is None:
+            unattributed.append(key)
+            continue
+        job.model_flops = flops_total.get(key, 0.0)
+        job.hardware_flops = hw_total.get(key, job.model_flops)
+        job.tokens = tokens_total.get(key)
+        job.steps = steps_total.get(key)
+        job.phases = {phase: value for (c, j, phase), value in phases_total.items() if (c, j) == key}
+        job.checkpoint_s = checkpoint_total.get(key, 0.0)
+        job.straggler_wait_s = float(np.nansum(wait[key])) if key in wait else 0.0  # rank-seconds per bucket
+        job.flops_series, job.peak_series = job_flops.get(key), job_peak.get(key)
+        if job.flops_series is not None and job.peak_series is not None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                job.mfu_series = np.where(job.peak_series > 0, job.flops_series / (job.peak_series * step), np.nan)
+
+    clusters: dict[str, ClusterFacts] = {}
+    names = sorted({k[0] for k in (*gpus, *allocated, *energy_total, *power_avg)}
+                   | {j.cluster for j in jobs.values()} | {c for c, _ in unattributed})
+    for name in names:
+        key = (name,)
+        cf = ClusterFacts(
+            name, step, _series(gpus, key, n), _series(allocated, key, n), _series(busy, key, n),
+            _series(peak, key, n), energy_series=energy.get(key), tensor=tensor.get(key),
+            tensor_gpus=tensor_gpus.get(key),
+        )
+        if key in energy_total:
+            cf.energy_j = energy_total[key]
+        elif key in power_avg:
+            cf.energy_j = power_avg[key] * window.seconds
+            cf.energy_estimated = True
+        if key in idle_energy:
+            cf.idle_energy_j = float(np.nansum(idle_energy[key]))
+        members = [j for j in jobs.values() if j.cluster == name]
+        instrumented = [j for j in members if j.instrumented]
+        flops = [v for (c, _), v in flops_total.items() if c == name]
+        cf.model_flops = float(sum(flops)) if flops else None
+        tokens = [v for (c, _), v in tokens_total.items() if c == name]
+        cf.tokens = float(sum(tokens)) if tokens else None
+        cf.allocated_peak_flop_seconds = sum(j.peak_flop_seconds for j in members)
+        cf.instrumented_peak_flop_seconds = sum(j.peak_flop_seconds for j in instrumented)
+        cf.allocated_busy_seconds = sum(j.busy_gpu_seconds for j in members)
+        clusters[name] = cf
+
+    return Facts(window, grid, clusters, jobs, previous(results, settings, window, grid), unattributed)
+
+
+def previous(results: Results, settings: ReportSettings, window: Window, grid: Grid) -> Previous:
+    """The week before, from the prev_* queries (all None when they did not run or found nothing)."""
+    prev = window.previous()
+    prev_grid = Grid(prev.end, grid.step, grid.n)
+    label = settings.cluster_label
+
+    def hours(name: str) -> float | None:
+        matrix = results.matrix(name, prev_grid, label)
+        if not matrix:
+            return None
+        return sum(_sum(v, grid.step) for v in matrix.values()) / 3600
+
+    def total(name: str) -> float | None:
+        values = results.vector(name, label)
+        return float(sum(values.values())) if values else None
+
+    gpu_hours = hours("prev_gpus")
+    if gpu_hours is None and total("prev_flops_total") is None:
+        return Previous()
+    peak_seconds = (hours("prev_peak") or 0.0) * 3600
+    job_peak_seconds = (hours("prev_job_peak") or 0.0) * 3600
+    flops = total("prev_flops_total")
+    energy = total("prev_energy_total")
+    return Previous(
+        gpu_hours=gpu_hours, allocated_hours=hours("prev_allocated"), busy_hours=hours("prev_busy"),
+        fleet_mfu=_ratio(flops, peak_seconds), allocated_mfu=_ratio(flops, job_peak_seconds),
+        energy_kwh=energy / JOULES_PER_KWH if energy is not None else None, tokens=total("prev_tokens_total"),
+    )
+
+
+def per_group(jobs: Iterable[JobFacts], key: str) -> list[dict[str, float | str | None]]:
+    """GPU-hours, busy hours, MFU (instrumented jobs) and energy summed per user or team."""
+    groups: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        name = getattr(job, key) or "(unknown)"
+        g = groups.setdefault(name, {"gpu_seconds": 0.0, "busy": 0.0, "flops": 0.0, "peak": 0.0, "energy": 0.0,
+                                     "jobs": 0.0, "has_energy": 0.0})
+        g["jobs"] += 1
+        g["gpu_seconds"] += job.gpu_seconds
+        g["busy"] += job.busy_gpu_seconds
+        if job.instrumented:
+            g["flops"] += job.model_flops or 0.0
+            g["peak"] += job.peak_flop_seconds
+        if job.energy_j is not None:
+            g["energy"] += job.energy_j
+            g["has_energy"] = 1.0
+    rows = []
+    for name, g in sorted(groups.items(), key=lambda item: -item[1]["gpu_seconds"]):
+        rows.append({key: name, "jobs": int(g["jobs"]), "gpu_hours": g["gpu_seconds"] / 3600,
+                     "busy_gpu_hours": g["busy"] / 3600, "mfu": _ratio(g["flops"], g["peak"]),
+                     "energy_kwh": g["energy"] / JOULES_PER_KWH if g["has_energy"] else None})
+    return rows

@@ -1,0 +1,286 @@
+"""The report's PromQL, sized for a week of a large cluster.
+
+Everything is computed from the raw series the agents export (a backfilled history has no
+recording-rule results): counters through `increase` over the whole window, trends and
+time-weighted GPU counts through one range query per quantity at the grid's step (about a
+thousand points per series for a week, each bucket aggregating its own samples with
+`avg_over_time`/`increase` over `[step]`, so every sample is read once). Numerators and
+denominators are aggregated separately and divided afterwards, never averaged ratios.
+
+Every aggregation keeps the cluster label (`cluster_label`, absent on a single Prometheus: one
+cluster named ""), so the same queries serve a global view over several clusters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from flopwatch.catalog import gpu, host, job, nic, train
+from flopwatch.report.settings import ReportSettings
+from flopwatch.report.window import Grid, Window
+
+ALERTS_STRAGGLER = 'ALERTS{alertname="FlopWatchStraggler", alertstate="firing"}'
+ARRIVAL_PHASES = "data|compute|other"
+IB_ERROR_COUNTERS = "symbol_error|link_error_recovery|port_rcv_errors"
+#: IBTA tolerates 120 symbol errors an hour on a link; NVLink errors alert above 1/s (rules).
+IB_ERRORS_PER_HOUR = 120
+NVLINK_ERRORS_PER_SECOND = 1.0
+#: Series a lookback this long before the window tells a counter's baseline from a new series.
+BASELINE_LOOKBACK = "6h"
+#: Prometheus's default lookback delta for instant selectors (--query.lookback-delta).
+LOOKBACK_S = 300
+
+
+@dataclass(frozen=True)
+class Query:
+    """One request to the query API. Range queries run over the grid unless start is given."""
+
+    name: str
+    title: str
+    expr: str
+    kind: Literal["instant", "range"] = "instant"
+    at: float | None = None
+    start: float | None = None
+    end: float | None = None
+    step: float | None = None
+
+
+def q(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class Promql:
+    """Expression builders bound to the settings, the window and the grid."""
+
+    def __init__(self, settings: ReportSettings, window: Window, grid: Grid, spacing: float | None) -> None:
+        self.s = settings
+        self.window = window
+        self.grid = grid
+        self.c = settings.cluster_label
+        self.r = grid.range()
+        self.w = window.range()
+        # Samples sparser than Prometheus's 5m lookback need an explicit one (which cannot see stale markers).
+        self.lookback = f"{int(2 * spacing) + 1}s" if spacing and spacing > LOOKBACK_S else None
+
+    # -- building blocks -------------------------------------------------------------------------
+    def sel(self, name: str, matchers: str = "") -> str:
+        """An instant selector; wrapped in last_over_time when samples are sparser than the lookback."""
+        selector = f"{name}{{{matchers}}}" if matchers else name
+        return f"last_over_time({selector}[{self.lookback}])" if self.lookback else selector
+
+    def by(self, *labels: str) -> str:
+        return ", ".join((self.c, *labels))
+
+    @property
+    def peak(self) -> str:
+        return f"max by ({self.by('node', 'gpu')}) ({self.sel(gpu.PEAK_FLOPS.name, f'dtype={q(self.s.dtype)}')})"
+
+    def info(self, *extra: str) -> str:
+        """GPU-to-job info, one series per (job, GPU)."""
+        return f"max by ({self.by('job_id', *extra, 'node', 'gpu')}) ({self.sel(job.GPU_JOB_INFO.name)})"
+
+    def per_gpu(self, expr: str) -> str:
+        return f"max by ({self.by('node', 'gpu')}) ({expr})"
+
+    @property
+    def busy(self) -> str:
+        utilization = f"avg_over_time({gpu.UTILIZATION.name}[{self.r}])"
+        return f"{self.per_gpu(utilization)} >= {self.s.thresholds.busy_utilization:g}"
+
+    @property
+    def tensor_flops(self) -> str:
+        """Per GPU: tensor-pipe activity x SM clock / max clock (telemetry-only MFU, OFU)."""
+        on = f"on ({self.by('node', 'gpu')})"
+        return (f"{self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{self.r}])')} * {on} "
+                f"{self.per_gpu(f'avg_over_time({gpu.SM_CLOCK.name}[{self.r}])')} / {on} "
+                f"{self.per_gpu(self.sel(gpu.SM_CLOCK_MAX.name))}")
+
+    def join_jobs(self, per_gpu_expr: str, *extra: str) -> str:
+        """A per-GPU value summed over each job's GPUs."""
+        return (f"sum by ({self.by('job_id', *extra)}) ({self.info(*extra)} * on ({self.by('node', 'gpu')}) "
+                f"group_left () ({per_gpu_expr}))")
+
+    def arrival(self, rng: str, matchers: str = "") -> str:
+        """Seconds per step before the gradient collective (data + compute + other), per rank."""
+        extra = f", {matchers}" if matchers else ""
+        labels = self.by("job_id", "rank", "node", "gpu")
+        phases = (f"sum by ({labels}) (increase({train.PHASE_SECONDS.name}"
+                  f"{{phase=~{q(ARRIVAL_PHASES)}{extra}}}[{rng}]))")
+        steps = f"sum by ({labels}) (increase({train.STEPS.name}{{{matchers}}}[{rng}]))"
+        return f"{phases} / ({steps} >= 1)"
+
+    # -- the main plan ---------------------------------------------------------------------------
+    def range_queries(self) -> list[Query]:
+        r, c = self.r, self.c
+        info_on = f"on ({self.by('node', 'gpu')})"
+        energy = f"increase({gpu.ENERGY.name}[{r}])"
+        comm = (f"sum by ({self.by('job_id', 'rank')}) (increase({train.PHASE_SECONDS.name}"
+                f"{{phase=\"comm\"}}[{r}]))")
+        steps = f"sum by ({self.by('job_id', 'rank')}) (increase({train.STEPS.name}[{r}]))"
+        per_step = f"{comm} / ({steps} > 0)"
+        wait = (f"(avg by ({self.by('job_id')}) ({per_step}) - min by ({self.by('job_id')}) ({per_step})) "
+                f"* count by ({self.by('job_id')}) ({per_step}) * avg by ({self.by('job_id')}) ({steps})")
+        specs = [
+            ("gpus", "GPUs reporting", f"count by ({c}) ({self.per_gpu(self.sel(gpu.UP.name))})"),
+            ("peak", "fleet peak FLOP/s", f"sum by ({c}) ({self.peak})"),
+            ("busy", "busy GPUs", f"count by ({c}) ({self.busy})"),
+            ("allocated", "allocated GPUs", f"count by ({c}) (max by ({self.by('node', 'gpu')}) "
+                                            f"({self.sel(job.GPU_JOB_INFO.name)}))"),
+            ("job_gpus", "GPUs per job", f"count by ({self.by('job_id', 'user')}) ({self.info('user')})"),
+            ("job_busy", "busy GPUs per job",
+             f"count by ({self.by('job_id')}) ({self.info()} and {info_on} ({self.busy}))"),
+            ("job_peak", "peak FLOP/s per job", self.join_jobs(self.peak)),
+            ("job_flops", "model FLOPs per job",
+             f"sum by ({self.by('job_id')}) (increase({train.MODEL_FLOPS.name}[{r}]))"),
+            ("job_tensor", "telemetry MFU per job", self.join_jobs(self.tensor_flops)),
+            ("job_tensor_gpus", "GPUs with tensor activity per job",
+             f"count by ({self.by('job_id')}) ({self.info()} and {info_on} "
+             f"{self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
+            ("tensor", "telemetry MFU", f"sum by ({c}) ({self.tensor_flops})"),
+            ("tensor_gpus", "GPUs with tensor activity",
+             f"count by ({c}) ({self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
+            ("energy", "energy over time", f"sum by ({c}) ({energy})"),
+            ("job_energy", "energy per job", self.join_jobs(self.per_gpu(energy))),
+            ("idle_energy", "energy of unallocated GPUs",
+             f"sum by ({c}) ({self.per_gpu(energy)} unless {info_on} {self.sel(job.GPU_JOB_INFO.name)})"),
+            ("straggler_wait", "straggler wait per job", wait),
+            ("lost", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}[{r}])')} == 0"),
+            ("nvlink_bad", "NVLink error bursts",
+             f"sum by ({self.by('node', 'gpu')}) (rate({gpu.NVLINK_ERRORS.name}[{r}])) > {NVLINK_ERRORS_PER_SECOND:g}"),
+            ("ib_bad", "InfiniBand error bursts",
+             f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.ERRORS.name}"
+             f"{{counter=~{q(IB_ERROR_COUNTERS)}}}[{r}])) > {IB_ERRORS_PER_HOUR * self.grid.step / 3600:g}"),
+            ("ib_down", "InfiniBand links down",
+             f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}[{r}])) > 0"),
+            ("pcie_bad", "PCIe downgrades",
+             f"{self.per_gpu(f'min_over_time({gpu.PCIE_WIDTH.name}[{r}])')} < on ({self.by('node', 'gpu')}) "
+             f"{self.per_gpu(self.sel(gpu.PCIE_MAX_WIDTH.name))}"),
+        ]
+        return [Query(name, title, expr, "range") for name, title, expr in specs]
+
+    def counter_queries(self) -> list[Query]:
+        """Cumulative event counters read as values per bucket, with one bucket of baseline before
+        the window: XIDs and uncorrectable ECC errors are counted exactly, new series included."""
+        start = self.grid.first - self.grid.step
+        specs = [
+            ("xid", "XID errors", f"max by ({self.by('node', 'gpu', 'xid')}) "
+                                  f"(last_over_time({gpu.XID_ERRORS.name}[{BASELINE_LOOKBACK}]))"),
+            ("ecc", "uncorrectable ECC errors",
+             f"{self.per_gpu(self.sel(gpu.ECC_UNCORRECTED.name))} > 0"),
+        ]
+        return [Query(name, title, expr, "range", start=start) for name, title, expr in specs]
+
+    def total_queries(self, window: Window, prefix: str = "") -> list[Query]:
+        """Counter increases over the whole window, per job where jobs matter."""
+        w, c, at = window.range(), self.c, window.end
+        jobs = self.by("job_id")
+        specs = [
+            ("energy_total", "energy", f"sum by ({c}) (increase({gpu.ENERGY.name}[{w}]))"),
+            ("flops_total", "model FLOPs", f"sum by ({jobs}) (increase({train.MODEL_FLOPS.name}[{w}]))"),
+            ("tokens_total", "tokens", f"sum by ({jobs}) (increase({train.TOKENS.name}[{w}]))"),
+        ]
+        if not prefix:
+            specs += [
+                ("hw_flops_total", "hardware FLOPs",
+                 f"sum by ({jobs}) (increase({train.HARDWARE_FLOPS.name}[{w}]))"),
+                ("steps_total", "steps", f"max by ({jobs}) (increase({train.STEPS.name}[{w}]))"),
+                ("phases_total", "step phases",
+                 f"sum by ({self.by('job_id', 'phase')}) (increase({train.PHASE_SECONDS.name}[{w}]))"),
+                ("checkpoint_total", "checkpoints",
+                 f"sum by ({jobs}) (increase({train.CHECKPOINT_SECONDS.name}[{w}]))"),
+                ("alerts_present", "straggler alerts",
+                 f"count(last_over_time({ALERTS_STRAGGLER}[{w}]))"),
+            ]
+        return [Query(prefix + name, title, expr, "instant", at=at) for name, title, expr in specs]
+
+    def previous_range_queries(self, grid: Grid) -> list[Query]:
+        """The week before, for week-over-week deltas: GPU counts and peak only."""
+        c = self.c
+        specs = [
+            ("prev_gpus", "GPUs the week before", f"count by ({c}) ({self.per_gpu(self.sel(gpu.UP.name))})"),
+            ("prev_peak", "peak the week before", f"sum by ({c}) ({self.peak})"),
+            ("prev_busy", "busy GPUs the week before", f"count by ({c}) ({self.busy})"),
+            ("prev_allocated", "allocated GPUs the week before",
+             f"count by ({c}) (max by ({self.by('node', 'gpu')}) ({self.sel(job.GPU_JOB_INFO.name)}))"),
+            ("prev_job_peak", "allocated peak the week before", f"sum by ({c}) ({self.join_jobs(self.peak)})"),
+        ]
+        return [Query(name, title, expr, "range", start=grid.first, end=grid.end, step=grid.step)
+                for name, title, expr in specs]
+
+    # -- second phase ------------------------------------------------------------------------------
+    def straggler_scores(self) -> Query:
+        """Ranks arriving at the collective later than their job's median rank by the threshold."""
+        arrival = self.arrival(self.r)
+        median = f"quantile by ({self.by('job_id')}) (0.5, {arrival})"
+        expr = (f"({arrival}) / on ({self.by('job_id')}) group_left () {median} "
+                f"> {1 + self.s.thresholds.straggler_excess:g}")
+        return Query("straggler_scores", "straggler scores", expr, "range")
+
+    def straggler_alerts(self) -> Query:
+        expr = (f"max by ({self.by('job_id', 'rank', 'node', 'gpu', 'cause')}) "
+                f"(max_over_time({ALERTS_STRAGGLER}[{self.r}]))")
+        return Query("straggler_alerts", "straggler alerts", expr, "range")
+
+    def power_fallback(self) -> Query:
+        return Query("power_avg", "average power",
+                     f"sum by ({self.c}) (avg_over_time({gpu.POWER.name}[{self.w}]))", "instant",
+                     at=self.window.end)
+
+    # -- per incident ------------------------------------------------------------------------------
+    def cluster_matcher(self, cluster: str) -> str:
+        return f"{self.c}={q(cluster)}"
+
+    def straggler_detail(self, name: str, cluster: str, job_id: str, rank: str, node: str, gpu_index: str,
+                         start: float, end: float) -> Query:
+        """Arrival and data seconds per step of the rank and of its job's median rank over the
+        incident, and the telemetry that names a cause, each tagged with a `signal` label."""
+        rng = f"{max(int(end - start), int(self.grid.step))}s"
+        cm = self.cluster_matcher(cluster)
+        job_m = f"{cm}, job_id={q(job_id)}"
+        rank_m = f"{job_m}, rank={q(rank)}"
+        gpu_m = f"{cm}, node={q(node)}, gpu={q(gpu_index)}"
+        node_m = f"{cm}, node={q(node)}"
+
+        def data(matchers: str) -> str:
+            labels = self.by("job_id", "rank")
+            return (f"sum by ({labels}) (increase({train.PHASE_SECONDS.name}{{phase=\"data\", {matchers}}}[{rng}])) "
+                    f"/ (sum by ({labels}) (increase({train.STEPS.name}{{{matchers}}}[{rng}])) >= 1)")
+
+        def tag(expr: str, signal: str) -> str:
+            return f'label_replace({expr}, "signal", "{signal}", "", "")'
+
+        events = gpu.CLOCK_EVENT_ACTIVE.name
+        parts = [
+            tag(f"max({self.arrival(rng, rank_m)})", "arrival_rank"),
+            tag(f"quantile(0.5, {self.arrival(rng, job_m)})", "arrival_median"),
+            tag(f"max({data(rank_m)})", "data_rank"),
+            tag(f"quantile(0.5, {data(job_m)})", "data_median"),
+            tag(f"max(max_over_time({events}{{{gpu_m}, reason=~\"sw_thermal|hw_thermal\"}}[{rng}]))", "thermal"),
+            tag(f"max(max_over_time({events}{{{gpu_m}, reason=~\"sw_power_cap|hw_power_brake\"}}[{rng}]))", "power"),
+            tag(f"max(max_over_time({events}{{{gpu_m}, reason=\"hw_slowdown\"}}[{rng}]))", "hw_slowdown"),
+            tag(f"max(max_over_time({gpu.PCIE_MAX_WIDTH.name}{{{gpu_m}}}[{rng}])) - "
+                f"min(min_over_time({gpu.PCIE_WIDTH.name}{{{gpu_m}}}[{rng}]))", "pcie"),
+            tag(f"sum(rate({gpu.NVLINK_ERRORS.name}{{{gpu_m}}}[{rng}]))", "nvlink"),
+            tag(f"sum(rate({nic.ERRORS.name}{{{node_m}, counter=~{q(IB_ERROR_COUNTERS)}}}[{rng}])) * 3600", "nic"),
+            tag(f"sum(rate({host.CPU_SECONDS.name}{{{node_m}, mode=\"busy\"}}[{rng}])) "
+                f"/ sum({host.CPUS.name}{{{node_m}}})", "host_cpu"),
+        ]
+        return Query(name, f"straggler on {node} GPU {gpu_index}", " or ".join(parts), "instant", at=end)
+
+    def gpu_job(self, name: str, cluster: str, node: str, gpu_index: str, at: float) -> Query:
+        """Which job held a GPU around an event."""
+        matchers = f"{self.cluster_matcher(cluster)}, node={q(node)}, gpu={q(gpu_index)}"
+        expr = f"max by (job_id, user) (last_over_time({job.GPU_JOB_INFO.name}{{{matchers}}}[{self.r}]))"
+        return Query(name, f"job of {node} GPU {gpu_index}", expr, "instant", at=at)
+
+
+def probe_queries(settings: ReportSettings, window: Window) -> list[Query]:
+    """What is there at all: sample counts of GPU and training series over the window."""
+    w = window.range()
+    return [
+        Query("probe_gpu", "GPU telemetry", f"max(count_over_time({gpu.UP.name}[{w}]))", at=window.end),
+        Query("probe_train", "training telemetry", f"max(count_over_time({train.STEPS.name}[{w}]))", at=window.end),
+        Query("probe_prev", "the week before", f"max(count_over_time({gpu.UP.name}[{w}]))", at=window.start),
+    ]

@@ -1,0 +1,82 @@
+"""Recommendations written from thresholds (settings.thresholds), each with the numbers behind it.
+
+Ordered by what they cost: GPU-hours at stake first. Nothing here is a guess beyond the figures:
+a job at low MFU, GPUs held idle, an unallocated share of the fleet, a job losing goodput to one
+cause, a node with repeated incidents, a straggler that held a job back.
+"""
+
+from __future__ import annotations
+
+from flopwatch.report.facts import BADPUT_CAUSES, Facts
+from flopwatch.report.format import fmt
+from flopwatch.report.incidents import KIND_NAMES, Incident, Lemon
+from flopwatch.report.model import Section
+from flopwatch.report.settings import ReportSettings
+from flopwatch.report.window import format_duration, format_time
+
+ADVICE = {
+    "data": "profile its data loader (more workers, prefetching, local caching of the dataset)",
+    "checkpoint": "checkpoint asynchronously or less often",
+    "straggler": "find and drain the slow GPUs or nodes (see the straggler incidents)",
+    "restart": "look at its crashes and hangs, and checkpoint more often to lose less on a restart",
+}
+
+
+def recommendations(facts: Facts, stragglers: list[Incident], lemons: list[Lemon],
+                    settings: ReportSettings) -> Section:
+    t = settings.thresholds
+    items: list[tuple[float, str]] = []
+
+    def money(gpu_hours: float) -> str:
+        """', about $X' at the configured GPU-hour price, or nothing."""
+        if settings.price_gpu_hour is None:
+            return ""
+        return f", about {fmt(gpu_hours * settings.price_gpu_hour, 'money', settings.currency)}"
+
+    for job in facts.ranked_jobs():
+        if job.mfu is not None and job.mfu < t.low_mfu and job.gpu_hours >= t.min_gpu_hours:
+            items.append((job.gpu_hours * (t.low_mfu - job.mfu) / t.low_mfu,
+                          f"Job {job.job_id} ran at {100 * job.mfu:.0f}% MFU on {job.max_gpus} GPUs for "
+                          f"{job.hours:,.0f} h ({job.gpu_hours:,.0f} GPU-hours{money(job.gpu_hours)}): below the "
+                          f"{100 * t.low_mfu:.0f}% target; profile it (kernels, parallelism, batch size)."))
+        if not job.instrumented and job.gpu_hours >= t.min_gpu_hours:
+            telemetry = f" (telemetry-only estimate {100 * job.telemetry_mfu:.0f}%)" if job.telemetry_mfu else ""
+            items.append((job.gpu_hours * 0.01,
+                          f"Job {job.job_id} used {job.gpu_hours:,.0f} GPU-hours without training telemetry"
+                          f"{telemetry}: instrument it with flopwatch.train for exact MFU and goodput."))
+        if job.gpu_seconds and job.idle_gpu_hours / job.gpu_hours >= t.idle_share and \
+                job.idle_gpu_hours >= t.min_gpu_hours / 10:
+            items.append((job.idle_gpu_hours,
+                          f"Job {job.job_id} held GPUs idle for {job.idle_gpu_hours:,.0f} GPU-hours "
+                          f"({100 * job.idle_gpu_hours / job.gpu_hours:.0f}% of its allocation"
+                          f"{money(job.idle_gpu_hours)}): release GPUs it does not use."))
+        badput = job.badput()
+        if badput is not None and job.goodput is not None and job.goodput < t.goodput_low:
+            cause = max(BADPUT_CAUSES, key=lambda c: badput[c])
+            lost = badput[cause] * job.gpu_hours
+            items.append((lost, f"Job {job.job_id} reached {100 * job.goodput:.0f}% goodput; its largest loss is "
+                                f"{cause} ({100 * badput[cause]:.1f}% of its GPU time, {lost:,.0f} GPU-hours): "
+                                f"{ADVICE[cause]}."))
+    for cf in facts.clusters.values():
+        if cf.gpu_hours and cf.unallocated_hours / cf.gpu_hours >= t.idle_share:
+            name = cf.cluster or "The cluster"
+            items.append((cf.unallocated_hours,
+                          f"{name} left {100 * cf.unallocated_hours / cf.gpu_hours:.0f}% of its GPU-hours "
+                          f"unallocated ({cf.unallocated_hours:,.0f} GPU-hours{money(cf.unallocated_hours)}): "
+                          "schedule more work on them or shrink the reservation."))
+    for lemon in lemons:
+        kinds = ", ".join(f"{KIND_NAMES.get(k, k)} ×{n}" for k, n in sorted(lemon.kinds.items()))
+        items.append((1e6 + lemon.occasions, f"Drain node {lemon.node} and run diagnostics: incidents on "
+                                             f"{lemon.occasions} separate occasions ({kinds})."))
+    for incident in stragglers:
+        if incident.gpu_hours_lost is not None and incident.gpu_hours_lost >= t.min_gpu_hours / 10:
+            items.append((incident.gpu_hours_lost,
+                          f"{incident.node} GPU {incident.gpu} ({incident.cause or 'cause unknown'}) held job "
+                          f"{incident.job_id} back for {format_duration(incident.seconds)} from "
+                          f"{format_time(incident.start)}: about {incident.gpu_hours_lost:,.0f} GPU-hours lost."))
+    section = Section("recommendations", "Recommendations",
+                      intro="Written from thresholds (settings.thresholds in --config), largest stake first.")
+    section.items = [text for _, text in sorted(items, key=lambda item: -item[0])]
+    if not section.items:
+        section.notes.append("Nothing crossed a threshold in this window.")
+    return section
