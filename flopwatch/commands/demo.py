@@ -236,7 +236,7 @@ def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, inj
         mfu = {s.labels.get("job_id"): s.value for s in client.query(QUERIES["job_mfu"])}
     except PromError:
         mfu = {}
-    console.print("[b]demo summary[/b]")
+    console.print("\n[b]demo summary[/b]")
     for job, value in sorted(mfu.items()):
         console.print(f"  job {job}: MFU {100 * value:.1f}%")
     if injected:
