@@ -186,6 +186,7 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0) -> dict[
         time.sleep(75)  # a minute of samples behind every rate(...[1m]) and two rounds of every group
         me, prom_proc = psutil.Process(), psutil.Process(prom.proc.pid)
         cpu0, pcpu0, wall0 = cpu_seconds(me), cpu_seconds(prom_proc), time.monotonic()
+        others0 = _other_processes({me.pid, prom_proc.pid})
         rss: list[float] = []
         ticks_before = server.ticks
         while time.monotonic() - wall0 < seconds:
@@ -193,6 +194,7 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0) -> dict[
             time.sleep(5)
         wall = time.monotonic() - wall0
         window = f"{int(wall)}s"
+        others = _busiest_others(others0, _other_processes({me.pid, prom_proc.pid}), wall)
         ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
         groups: dict[str, dict[str, float]] = defaultdict(dict)
         queries = {
@@ -228,6 +230,7 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0) -> dict[
             "rule_cores_busy": round(rule_core, 3),
             "rule_core_seconds_per_s_per_1000_gpus": round(rule_core / (gpus / 1000), 4),
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+            "other_processes_pct_of_core": others,
             "groups": {name: {k: round(v, 4) for k, v in values.items()} for name, values in sorted(groups.items())},
             "slowest_rules_last_evaluation": slowest_rules,
         }
@@ -237,6 +240,30 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0) -> dict[
         ticker.join(30)
         prom.stop()
         server.stop()
+
+
+def _other_processes(exclude: set[int]) -> dict[int, tuple[str, float]]:
+    """pid -> (command line, CPU seconds) of every other process: the machine is shared."""
+    out = {}
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if process.pid in exclude:
+            continue
+        try:
+            out[process.pid] = (" ".join(process.info["cmdline"] or [])[:90], cpu_seconds(process))
+        except (psutil.Error, TypeError):
+            continue
+    return out
+
+
+def _busiest_others(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                    wall: float, top: int = 6) -> dict[str, float]:
+    """What else ran during the window, by CPU share (% of one core; processes that ended during the
+    window are missed, those that started in it count whole)."""
+    used = [(after[pid][1] - before.get(pid, ("", 0.0))[1], after[pid][0]) for pid in after]
+    total = sum(cpu for cpu, _ in used)
+    ranked = sorted(used, reverse=True)[:top]
+    busiest = {f"{name} [{i}]": round(100 * cpu / wall, 1) for i, (cpu, name) in enumerate(ranked)}
+    return {"all_other_processes": round(100 * total / wall, 1), **busiest}
 
 
 def _slowest_rules(url: str, top: int = 8) -> dict[str, float]:
