@@ -1,0 +1,227 @@
+"""The rule files in alerts/: promtool accepts them and their unit tests pass, every alert carries
+what a pager needs and has a firing and a must-not-fire test, names match the shared contract and
+the metric catalogue, the XID selection equals flopwatch/xid.py, and Alertmanager's config passes
+amtool. Real promtool and amtool (Debian packages `prometheus`, `prometheus-alertmanager`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flopwatch import xid
+from flopwatch.catalog import by_name
+from flopwatch.commands.demo import alertmanager_config
+from flopwatch.stack.process import MissingBinary, require_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+ALERTS = ROOT / "alerts"
+RULE_FILES = sorted(p for p in ALERTS.glob("*.yml") if p.name != "alertmanager.yml")
+TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
+
+#: The shared contract (contract.md): names other work relies on.
+CONTRACT_RECORDS = {
+    "job_id:flopwatch_model_flops:rate1m", "job_id:flopwatch_hardware_flops:rate1m",
+    "job_id:flopwatch_peak_flops:sum", "job_id:flopwatch_mfu:ratio", "job_id:flopwatch_hfu:ratio",
+    "job_id:flopwatch_mfu_telemetry:ratio", "cluster:flopwatch_mfu:ratio", "fleet:flopwatch_mfu:ratio",
+    "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_badput:ratio", "job_id:flopwatch_step_seconds:mean1m",
+    "job_id_rank:flopwatch_compute_seconds_per_step:rate1m", "job_id_rank:flopwatch_straggler_score:ratio",
+    "node_gpu:flopwatch_gpu_straggler_score:ratio", "cluster:flopwatch_gpus:count",
+}
+CONTRACT_ALERTS = {
+    "FlopWatchStraggler", "FlopWatchGpuXidCritical", "FlopWatchGpuXid", "FlopWatchGpuLost",
+    "FlopWatchGpuEccUncorrected", "FlopWatchGpuRowRemapFailure", "FlopWatchNvlinkErrors",
+    "FlopWatchPcieDegraded", "FlopWatchGpuThrottled", "FlopWatchIbSymbolErrors", "FlopWatchIbLinkDowned",
+    "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled", "FlopWatchGoodputLow",
+    "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
+}
+STRAGGLER_CAUSES = {"thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader", "unknown"}
+
+
+def tool(binary: str, package: str) -> str:
+    try:
+        return require_binary(binary, package)
+    except MissingBinary as error:
+        pytest.fail(str(error))
+
+
+def run(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def rules() -> list[dict]:
+    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
+            for rule in group["rules"]]
+
+
+def alerts() -> list[dict]:
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def test_rule_files_exist() -> None:
+    names = {p.name for p in RULE_FILES}
+    assert {"flopwatch-mfu.yml", "flopwatch-goodput.yml", "flopwatch-stragglers.yml", "flopwatch-gpu.yml",
+            "flopwatch-network.yml", "flopwatch-jobs.yml", "flopwatch-agent.yml"} <= names
+
+
+def test_promtool_check_rules_is_clean() -> None:
+    promtool = tool("promtool", "prometheus")
+    result = run(promtool, "check", "rules", *map(str, RULE_FILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(RULE_FILES), result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    promtool = tool("promtool", "prometheus")
+    result = run(promtool, "test", "rules", *(p.name for p in TEST_FILES), cwd=ALERTS / "tests")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    assert result.stdout.count("SUCCESS") == len(TEST_FILES), result.stdout
+
+
+def test_every_rule_file_has_a_unit_test_file() -> None:
+    tested = {(ALERTS / "tests" / ref).resolve() for path in TEST_FILES
+              for ref in yaml.safe_load(path.read_text())["rule_files"]}
+    assert tested == {p.resolve() for p in RULE_FILES}
+
+
+def test_every_alert_carries_severity_summary_description_and_runbook() -> None:
+    for rule in alerts():
+        name = rule["alert"]
+        assert rule.get("labels", {}).get("severity") in ("page", "ticket"), name
+        notes = rule.get("annotations", {})
+        assert notes.get("summary") and notes.get("description"), name
+        assert "{{" in notes["description"], f"{name}: the description should carry the numbers"
+        assert notes.get("runbook_url") == f"docs/runbooks.md#{name.lower()}", name
+
+
+def test_contract_names_are_all_defined() -> None:
+    records = {rule["record"] for rule in rules() if "record" in rule}
+    assert records >= CONTRACT_RECORDS, CONTRACT_RECORDS - records
+    assert {rule["alert"] for rule in alerts()} == CONTRACT_ALERTS
+
+
+def test_every_alert_has_a_firing_and_a_must_not_fire_case() -> None:
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for path in TEST_FILES:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (fires if check.get("exp_alerts") else silent).add(check["alertname"])
+    assert CONTRACT_ALERTS - fires == set(), "alerts without a test where they fire"
+    assert CONTRACT_ALERTS - silent == set(), "alerts without a must-not-fire test"
+
+
+def test_firing_cases_state_labels_and_annotations() -> None:
+    for path in TEST_FILES:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                for expected in check.get("exp_alerts") or []:
+                    assert expected.get("exp_labels", {}).get("severity"), (path.name, case["name"])
+                    assert expected.get("exp_annotations", {}).get("summary"), (path.name, case["name"])
+
+
+def test_straggler_alerts_name_rank_and_cause() -> None:
+    stragglers = [rule for rule in alerts() if rule["alert"] == "FlopWatchStraggler"]
+    assert len(stragglers) == 3
+    text = "\n".join(rule["expr"] for rule in stragglers)
+    for cause in re.findall(r'"cause", "(\w+)"', text):
+        assert cause in STRAGGLER_CAUSES
+    causes = {rule["labels"]["cause"] for rule in rules()
+              if rule.get("record") == "node_gpu:flopwatch_slowdown_cause:priority"}
+    assert causes | {"dataloader", "unknown"} == STRAGGLER_CAUSES
+    candidates = [rule["expr"] for rule in rules()
+                  if rule.get("record") in ("job_id_rank:flopwatch_straggler_corroborated:ratio",
+                                            "job_id_rank:flopwatch_straggler_uncorroborated:ratio")]
+    assert len(candidates) == 2
+    assert all("job_id:flopwatch_straggler_ranks:count >= 8" in expr for expr in candidates)
+    assert "count by (job_id) (node_gpu:flopwatch_gpu_straggler_score:ratio) >= 8" in text
+
+
+_RECORD = re.compile(r"\b[A-Za-z_]+:[A-Za-z0-9_]+:[a-z0-9_]+\b")
+_METRIC = re.compile(r"(?<![:\w])flopwatch_[a-z0-9_]+\b")
+
+
+def test_expressions_use_catalogued_metrics_and_defined_records() -> None:
+    catalogue = set(by_name())
+    histograms = {name + suffix for name, metric in by_name().items() if metric.type == "histogram"
+                  for suffix in ("_bucket", "_sum", "_count")}
+    records = {rule["record"] for rule in rules() if "record" in rule}
+    for rule in rules():
+        expr = rule["expr"]
+        for name in _RECORD.findall(expr):
+            assert name in records, f"{rule.get('record') or rule.get('alert')}: {name} is not recorded anywhere"
+        for name in _METRIC.findall(_RECORD.sub("", expr)):
+            assert name in catalogue | histograms, f"{rule.get('record') or rule.get('alert')}: {name} not catalogued"
+
+
+def test_xid_selection_equals_the_table() -> None:
+    by_alert = {rule["alert"]: rule for rule in alerts()}
+    critical, ticket = by_alert["FlopWatchGpuXidCritical"], by_alert["FlopWatchGpuXid"]
+    assert set(re.findall(r'xid=~"([^"]+)"', critical["expr"])) == {xid.page_regex()}
+    assert set(re.findall(r'xid!~"([^"]+)"', ticket["expr"])) == {xid.page_regex()}
+    assert "xid=~" not in ticket["expr"] and "xid!~" not in critical["expr"]
+    assert xid.action_template("page") in " ".join(critical["annotations"]["description"].split())
+    assert xid.action_template("ticket") in " ".join(ticket["annotations"]["description"].split())
+
+
+def test_runbooks_have_one_anchor_per_alert() -> None:
+    text = (ROOT / "docs" / "runbooks.md").read_text()
+    headings = {line[3:].strip() for line in text.splitlines() if line.startswith("## ")}
+    assert headings >= CONTRACT_ALERTS, CONTRACT_ALERTS - headings
+
+
+def test_rules_doc_covers_every_recording_rule() -> None:
+    text = (ROOT / "docs" / "rules.md").read_text()
+    missing = {rule["record"] for rule in rules() if "record" in rule and rule["record"] not in text}
+    assert not missing
+
+
+def test_alertmanager_config_passes_amtool() -> None:
+    amtool = tool("amtool", "prometheus-alertmanager")
+    result = run(amtool, "check-config", "alertmanager.yml", cwd=ALERTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize(("labels", "receiver"), [
+    (["severity=page", "alertname=FlopWatchStraggler", "job_id=llm", "node=n1"], "page"),
+    (["severity=ticket", "alertname=FlopWatchGpuXid"], "ticket"),
+    (["alertname=SomethingElse"], "ticket"),
+])
+def test_alertmanager_routes_by_severity(labels: list[str], receiver: str) -> None:
+    amtool = tool("amtool", "prometheus-alertmanager")
+    result = run(amtool, "config", "routes", "test", "--config.file=alertmanager.yml", *labels, cwd=ALERTS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == receiver
+
+
+def test_alertmanager_groups_by_job_and_node_and_inhibits_on_lost_gpus() -> None:
+    config = yaml.safe_load((ALERTS / "alertmanager.yml").read_text())
+    assert config["route"]["group_by"] == ["job_id", "node"]
+    sources = {tuple(rule["source_matchers"]) for rule in config["inhibit_rules"]}
+    assert ('alertname="FlopWatchAgentDown"',) in sources and ('alertname="FlopWatchGpuLost"',) in sources
+
+
+@pytest.mark.parametrize("template", ["flopwatch.title", "flopwatch.text"])
+def test_templates_render(template: str) -> None:
+    amtool = tool("amtool", "prometheus-alertmanager")
+    result = run(amtool, "template", "render", "--template.glob=templates/*.tmpl",
+                 f'--template.text={{{{ template "{template}" . }}}}', cwd=ALERTS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_local_alertmanager_config_keeps_routing_and_talks_only_to_the_webhook(tmp_path: Path) -> None:
+    amtool = tool("amtool", "prometheus-alertmanager")
+    config = alertmanager_config("http://127.0.0.1:9/alerts")
+    for receiver in config["receivers"]:
+        assert set(receiver) == {"name", "webhook_configs"}
+        assert receiver["webhook_configs"][0]["url"] == "http://127.0.0.1:9/alerts"
+    assert config["inhibit_rules"] == yaml.safe_load((ALERTS / "alertmanager.yml").read_text())["inhibit_rules"]
+    path = tmp_path / "am.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = run(amtool, "check-config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
