@@ -165,6 +165,8 @@ def csv_value(value: Any, kind: str) -> str:
         return ""
     if kind == "time":
         return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if kind == "int" and isinstance(value, int | float):
+        return str(round(value))
     if isinstance(value, float):
         return repr(round(value, 6)) if abs(value) < 1e15 else repr(value)
     return str(value)
