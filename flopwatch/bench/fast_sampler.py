@@ -11,10 +11,12 @@ backoff, read errors): nodes that can lose a GPU are sampled through their real 
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from flopwatch import __version__
 from flopwatch.catalog import Metric
 from flopwatch.catalog import agent as agent_metrics
 from flopwatch.catalog import gpu as g
@@ -131,7 +133,7 @@ TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SEC
 def supported_names() -> set[str]:
     """Series names (histogram parts included) this sampler produces, plus `up`."""
     names = {metric.name for metric in (*GPU_METRICS, *NIC_METRICS, *TRAIN_METRICS, job_metrics.GPU_JOB_INFO,
-                                        agent_metrics.COLLECTOR_ERRORS)}
+                                        agent_metrics.COLLECTOR_ERRORS, agent_metrics.BUILD_INFO)}
     names |= {t.STEP_SECONDS.name + suffix for suffix in ("_bucket", "_count", "_sum")}
     names.add("up")
     return names
@@ -187,6 +189,12 @@ class FastSampler:
         if "up" in self.wanted:
             labels = self._group("up", lambda: tuple(
                 self.labels.get("up", ("node",), (node.name,)) for node in self.nodes))
+            yield labels, [1.0] * len(labels)
+        build = agent_metrics.BUILD_INFO
+        if build.name in self.wanted:
+            version = (__version__, "sim", platform.python_version())
+            labels = self._group("build", lambda: tuple(
+                self.labels.get(build.name, build.all_labels, (node.name, *version)) for node in self.nodes))
             yield labels, [1.0] * len(labels)
         errors = agent_metrics.COLLECTOR_ERRORS
         if errors.name in self.wanted:

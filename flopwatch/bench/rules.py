@@ -52,6 +52,37 @@ class RuleSet:
     def intervals(self) -> set[float]:
         return {rule.interval for rule in self.rules}
 
+    def needed(self, keep: tuple[str, ...] = ()) -> RuleSet:
+        """Only the rules that alerts (and the recording rules named in `keep`) read, directly or
+        through other rules: a recording rule nothing reads cannot change what fires."""
+        producers: dict[str, list[Rule]] = {}
+        for rule in self.recording:
+            producers.setdefault(rule.name, []).append(rule)
+        wanted: set[int] = set()
+        todo = [*self.alerting, *(r for name in keep for r in producers.get(name, []))]
+        while todo:
+            rule = todo.pop()
+            if id(rule) in wanted:
+                continue
+            wanted.add(id(rule))
+            todo += [r for name in names_in(rule.expr) for r in producers.get(name, [])]
+        return RuleSet([rule for rule in self.rules if id(rule) in wanted], self.files)
+
+    def levels(self) -> list[list[Rule]]:
+        """Rules in waves: each wave reads only recording rules of earlier waves, so the rules of
+        one wave can be evaluated at the same time."""
+        produced = {rule.name for rule in self.recording}
+        level: dict[str, int] = {}
+        waves: list[list[Rule]] = []
+        for rule in self.rules:  # already in dependency order
+            depth = 1 + max((level[name] for name in names_in(rule.expr) & produced if name in level), default=-1)
+            if rule.kind == "record":
+                level[rule.name] = max(level.get(rule.name, 0), depth)
+            while len(waves) <= depth:
+                waves.append([])
+            waves[depth].append(rule)
+        return waves
+
 
 def rule_files(path: str | Path) -> list[Path]:
     """A rule file, or every *.yml/*.yaml of a directory except alertmanager.yml (sorted)."""

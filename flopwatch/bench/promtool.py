@@ -1,0 +1,146 @@
+"""The exact cross-check: a small scenario through `promtool test rules` (DESIGN.md).
+
+Every sample the engine would write becomes a promtool input series (time 0 = scenario start,
+one value per scrape, `_` where a series is absent, `stale` where it ends); every alert is asked
+for at every evaluation step with `exp_alerts: []`, so promtool's failure output lists exactly what
+was firing, with labels and templated annotations. promtool evaluates the rule groups itself
+(its own `for:` handling included), so agreement with the engine checks the engine end to end.
+promtool caps a query at 10,000 samples: only small scenarios fit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+import subprocess
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from flopwatch.bench.alerts import Episode
+from flopwatch.bench.engine import PrometheusEngine, exact_nodes_for
+from flopwatch.bench.remote_write import STALE_NAN_BITS
+from flopwatch.bench.rules import RuleSet
+from flopwatch.bench.sampler import FleetSampler, Recorder, keep_by
+from flopwatch.sim.fleet import Fleet
+from flopwatch.sim.scenario import Scenario
+from flopwatch.stack.process import require_binary
+
+_BLOCK = re.compile(r"alertname: (\S+), time: (\S+),\s*\n\s*exp:\[\s*\],\s*\n\s*got:\[(.*?)\n\s*\]", re.S)
+_LABELS = re.compile(r"Labels:\{(.*?)\}\n")
+_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_ERROR = re.compile(r"\berror\b\s*[:=]|could not|failed to", re.I)
+_UNIT = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+
+
+class PromtoolError(RuntimeError):
+    """promtool could not run the test (bad rules, evaluation errors); carries its output."""
+
+
+def go_duration(text: str) -> float:
+    """promtool's `1h2m5s` -> seconds."""
+    return sum(float(n) * _UNIT[u] for n, u in _DURATION.findall(text)) if text != "0s" else 0.0
+
+
+def _series_name(labels: tuple[tuple[str, str], ...]) -> str:
+    pairs = dict(labels)
+    name = pairs.pop("__name__")
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(pairs.items()))
+    return f"{name}{{{inner}}}"
+
+
+def _value(value: float) -> str:
+    if _is_stale(value):
+        return "stale"
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def _is_stale(value: float) -> bool:
+    return struct.unpack("<Q", struct.pack("<d", value))[0] == STALE_NAN_BITS
+
+
+def test_file(scenario: Scenario, rules: RuleSet, workdir: Path, exact: bool = False) -> tuple[Path, list[float]]:
+    """Write the promtool test for `scenario`; returns it and the evaluation times (seconds)."""
+    engine = PrometheusEngine(rules, exact=exact)
+    fleet = Fleet(scenario, 0.0)
+    sampler = FleetSampler(fleet, engine.wanted, exact_nodes_for(scenario), exact)
+    recorder = Recorder(keep_by(engine.selectors.wants))
+    dt = scenario.scrape_interval
+    for _ in range(round(scenario.duration / dt)):
+        fleet.advance(dt)
+        recorder.add(round(fleet.now_unix * 1000), sampler.sample())
+    block = recorder.flush()
+    intervals = rules.intervals()
+    interval = min(intervals) if intervals else dt
+    series = []
+    if block is not None:
+        for labels, values, present in zip(block.labels, block.values, block.present, strict=True):
+            text = ["_"]  # time 0: nothing scraped yet
+            for value, here in zip(values.tolist(), present.tolist(), strict=True):
+                text.append(_value(value) if here else "_")
+            series.append({"series": _series_name(labels), "values": " ".join(text)})
+    steps = [interval * k for k in range(1, int(scenario.duration / interval + 1e-9) + 1)]
+    names = sorted({rule.name for rule in rules.alerting})
+    tests = [{"eval_time": f"{t:g}s", "alertname": name, "exp_alerts": []} for t in steps for name in names]
+    document = {
+        "rule_files": [str(path.resolve()) for path in rules.files],
+        "evaluation_interval": f"{interval:g}s",
+        "tests": [{"interval": f"{dt:g}s", "input_series": series, "alert_rule_test": tests}],
+    }
+    path = workdir / "bench-test.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False, width=1 << 30))
+    return path, steps
+
+
+def firing(output: str) -> dict[float, list[dict[str, str]]]:
+    """promtool's failure output -> eval time -> label sets of the alerts firing then."""
+    out: dict[float, list[dict[str, str]]] = defaultdict(list)
+    for name, when, got in _BLOCK.findall(output):
+        for labels in _LABELS.findall(got + "\n"):
+            pairs = {k: v.replace('\\"', '"') for k, v in _PAIR.findall(labels)}
+            pairs.setdefault("alertname", name)
+            out[go_duration(when)].append(pairs)
+    return out
+
+
+def episodes_from(firing_at: dict[float, list[dict[str, str]]], steps: list[float], start_unix: float = 0.0,
+                  annotation_keys: tuple[str, ...] = ()) -> list[Episode]:
+    """Consecutive firing steps of one label set -> one episode (times shifted by start_unix)."""
+    open_: dict[tuple[tuple[str, str], ...], Episode] = {}
+    done: list[Episode] = []
+    for t in steps:
+        now = {tuple(sorted(labels.items())) for labels in firing_at.get(t, [])}
+        for key in list(open_):
+            if key not in now:
+                open_[key].resolved_at = start_unix + t
+                done.append(open_.pop(key))
+        for key in now - set(open_):
+            labels = dict(key)
+            open_[key] = Episode(labels["alertname"], labels, start_unix + t, start_unix + t)
+    done += open_.values()
+    return sorted(done, key=lambda e: (e.fired_at, e.alertname, sorted(e.labels.items())))
+
+
+def run(scenario: Scenario, rules: RuleSet, exact: bool = False, timeout: float = 600) -> list[Episode]:
+    """Episodes as promtool sees them (times in seconds since the scenario's start)."""
+    binary = require_binary("promtool", "prometheus")
+    with tempfile.TemporaryDirectory(prefix="flopwatch-promtool-") as tmp:
+        path, steps = test_file(scenario, rules, Path(tmp), exact)
+        answer = subprocess.run([binary, "test", "rules", str(path)], capture_output=True, text=True,
+                                timeout=timeout, check=False)
+    output = answer.stdout + answer.stderr
+    problems = [line for line in output.splitlines()
+                if _ERROR.search(line) and not line.strip().startswith(("Labels:", "Annotations:"))]
+    if answer.returncode not in (0, 1) or problems:
+        raise PromtoolError("promtool test rules: " + ("; ".join(problems[:3]) or output[-2000:]))
+    return episodes_from(firing(output), steps)
+
+
