@@ -80,6 +80,18 @@ def _add_docs(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=docs.run)
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import bench
+
+    parser = sub.add_parser(
+        "bench", help="benchmarks: `bench detect` scores the alert rules against simulated faults",
+        description="Benchmarks that need the real servers. `flopwatch bench detect --scenarios PATH` runs a "
+        "scenario suite through the rules in a throwaway Prometheus and scores alerts against ground truth.",
+    )
+    bench.add_arguments(parser)
+    parser.set_defaults(handler=bench.run)
+
+
 def _add_dashboards(sub: argparse._SubParsersAction) -> None:
     from flopwatch.commands import dashboards
 
@@ -105,7 +117,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_agent, _add_sim, _add_demo, _add_docs, _add_dashboards, _add_report,
+    _add_agent, _add_sim, _add_demo, _add_docs, _add_bench, _add_dashboards, _add_report,
 )
 
 
