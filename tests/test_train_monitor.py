@@ -284,3 +284,16 @@ def test_set_gpu_updates_later_datagrams(agent_socket):
     with mon.step():
         pass
     assert received()[-1].gpu == 6
+
+
+def test_the_client_imports_neither_the_agent_nor_prometheus_client_nor_torch():
+    """A training job pays only for the client (DESIGN.md); torch comes only with the integration's use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, flopwatch.train, flopwatch.train.torch, flopwatch.train.flops\n"
+            "heavy = ('prometheus_client', 'torch', 'yaml', 'numpy', 'flopwatch.exporters', 'flopwatch.catalog',"
+            " 'flopwatch.config')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
