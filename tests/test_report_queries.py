@@ -1,0 +1,79 @@
+"""The report's PromQL: catalogue names only, the cluster label kept, sized by the grid."""
+
+from __future__ import annotations
+
+import re
+
+from flopwatch.catalog import by_name
+from flopwatch.report.queries import ALERTS_STRAGGLER, Promql, probe_queries
+from flopwatch.report.settings import ReportSettings
+from flopwatch.report.window import Window, grid_for
+
+WEEK = Window(1_790_000_000.0 - 7 * 86400, 1_790_000_000.0)
+
+
+def every_query(settings: ReportSettings, spacing: float = 15.0) -> list:
+    grid = grid_for(WEEK, spacing)
+    p = Promql(settings, WEEK, grid, spacing)
+    return [*p.range_queries(), *p.counter_queries(), *p.total_queries(WEEK),
+            *p.total_queries(WEEK.previous(), "prev_"), *p.previous_range_queries(grid), p.straggler_scores(),
+            p.straggler_alerts(), p.power_fallback(), *probe_queries(settings, WEEK),
+            p.straggler_detail("d", "east", "job-1", "3", "node0001", "2", WEEK.end - 7200, WEEK.end),
+            p.gpu_job("o", "east", "node0001", "2", WEEK.end)]
+
+
+def test_only_catalogue_names():
+    known = set(by_name())
+    for query in every_query(ReportSettings()):
+        names = set(re.findall(r"flopwatch_[a-z0-9_]+", query.expr))
+        assert names <= known, (query.name, names - known)
+
+
+def test_every_aggregation_keeps_the_cluster_label():
+    for query in every_query(ReportSettings(cluster_label="site")):
+        for grouping in re.findall(r"\b(?:by|on) \(([^)]*)\)", query.expr):
+            if query.name.startswith(("detail", "o")) or grouping in ("job_id, user",):
+                continue
+            assert grouping.split(", ")[0] == "site", (query.name, grouping)
+
+
+def test_names_are_unique_and_balanced():
+    queries = every_query(ReportSettings())
+    names = [q.name for q in queries]
+    assert len(names) == len(set(names))
+    for query in queries:
+        assert query.expr.count("(") == query.expr.count(")"), query.name
+        assert query.expr.count("{") == query.expr.count("}"), query.name
+
+
+def test_ranges_follow_the_grid_and_the_window():
+    grid = grid_for(WEEK, 15)
+    p = Promql(ReportSettings(), WEEK, grid, 15)
+    assert "[600s]" in next(q for q in p.range_queries() if q.name == "busy").expr
+    total = next(q for q in p.total_queries(WEEK) if q.name == "energy_total")
+    assert "[604800s]" in total.expr and total.at == WEEK.end
+    prev = next(q for q in p.total_queries(WEEK.previous(), "prev_") if q.name == "prev_energy_total")
+    assert prev.at == WEEK.start
+    xid = next(q for q in p.counter_queries() if q.name == "xid")
+    assert xid.start == grid.first - grid.step  # one bucket of baseline before the window
+
+
+def test_dtype_thresholds_and_sparse_samples():
+    settings = ReportSettings(dtype="fp8")
+    queries = {q.name: q.expr for q in every_query(settings)}
+    assert 'dtype="fp8"' in queries["peak"]
+    assert ">= 0.1" in queries["busy"]
+    assert "> 1.03" in queries["straggler_scores"]
+    assert "last_over_time" not in queries["gpus"]
+    sparse = {q.name: q.expr for q in every_query(settings, spacing=600)}
+    assert "last_over_time(flopwatch_gpu_up[1201s])" in sparse["gpus"]
+
+
+def test_straggler_detail_names_the_rank_and_its_node():
+    detail = every_query(ReportSettings())[-2].expr
+    assert 'job_id="job-1", rank="3"' in detail
+    assert 'node="node0001", gpu="2"' in detail
+    assert detail.count("label_replace(") == 11
+    assert "[7200s]" in detail
+    alerts = next(q for q in every_query(ReportSettings()) if q.name == "straggler_alerts")
+    assert ALERTS_STRAGGLER in alerts.expr and "cause" in alerts.expr
