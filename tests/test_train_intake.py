@@ -289,7 +289,7 @@ def test_build_agent_wires_the_intake_and_reports_socket_problems(tmp_path):
     assert not path.exists()
     path.parent.rmdir()
     path.parent.write_text("a file where the directory should be")
-    with pytest.raises(UsageError, match="cannot create"):
+    with pytest.raises(UsageError, match="is not a directory"):
         build_agent(config)
 
 

@@ -379,6 +379,8 @@ def open_socket(path: Path, group: str | None) -> tuple[socket.socket, int]:
     directory = path.parent
     try:
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise IntakeError(f"{directory} is not a directory; set train.socket to a path in a directory") from None
     except OSError as error:
         raise IntakeError(f"cannot create {directory} for the training-step socket ({error.strerror}); "
                           "run the agent as root or set train.socket to a writable path") from None
