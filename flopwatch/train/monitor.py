@@ -64,7 +64,7 @@ class _Phase:
     def __enter__(self) -> None:
         self.started = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         elapsed = time.perf_counter() - self.started
         monitor = self.monitor
         monitor._phase_totals[self.index] += elapsed
@@ -79,7 +79,7 @@ class _Untimed:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         return None
 
 
@@ -94,7 +94,7 @@ class _Step:
         self.monitor._step_timed = 0.0
         self.started = time.perf_counter()
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         ended = time.perf_counter()
         if exc_type is not None:  # a failed step is no completed step; let the error through
             return
@@ -118,7 +118,7 @@ class _CheckpointTimer:
     def __enter__(self) -> None:
         self.started = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         self.monitor.checkpoint(time.perf_counter() - self.started, self.kind)
 
 
@@ -280,7 +280,7 @@ class StepMonitor:
     def __enter__(self) -> StepMonitor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         self.close()
 
     @property
