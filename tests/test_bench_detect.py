@@ -97,7 +97,8 @@ def test_node_fault_is_named_by_any_gpu_of_the_node_and_nic_fault_needs_the_devi
 
 def test_hardware_alerts_imply_their_cause_and_throttling_maps_its_reason():
     assert alert_cause(episode("FlopWatchGpuLost", 1, node="n", gpu="1")) == "gpu_lost"
-    assert alert_cause(episode("FlopWatchGpuXidCritical", 1, node="n", gpu="1", xid="79")) == "xid"
+    assert alert_cause(episode("FlopWatchGpuXidCritical", 1, node="n", gpu="1", xid="48")) == "xid"
+    assert alert_cause(episode("FlopWatchGpuXidCritical", 1, node="n", gpu="1", xid="79")) == "gpu_lost"
     assert alert_cause(episode("FlopWatchGpuThrottled", 1, node="n", gpu="1", reason="sw_power_cap")) == "power"
     assert alert_cause(episode("FlopWatchNvlinkErrors", 1, node="n", gpu="1")) == "nvlink"
     assert alert_cause(episode("FlopWatchStraggler", 1, node="n", gpu="1", cause="pcie")) == "pcie"
@@ -106,7 +107,7 @@ def test_hardware_alerts_imply_their_cause_and_throttling_maps_its_reason():
 
 def test_cause_is_judged_on_the_first_firing_step_only():
     t = truth([fault(0, "gpu_lost", 1, 300, 600, gpu=4, cause="gpu_lost")])
-    both = [episode("FlopWatchGpuXidCritical", 315, node="node0001", gpu="4", xid="79"),
+    both = [episode("FlopWatchGpuXidCritical", 315, node="node0001", gpu="4", xid="63"),
             episode("FlopWatchGpuLost", 315, node="node0001", gpu="4")]
     assert score_scenario(scenario(), t, both, START).faults[0].cause_right
     later = [both[0], episode("FlopWatchGpuLost", 345, node="node0001", gpu="4")]

@@ -49,6 +49,7 @@ CAUSE_OF_ALERT = {
     "FlopWatchNvlinkErrors": "nvlink", "FlopWatchPcieDegraded": "pcie", "FlopWatchIbSymbolErrors": "nic",
     "FlopWatchIbLinkDowned": "nic", "FlopWatchIbLinkFlapping": "nic",
 }
+GPU_LOST_XID = "79"
 #: FlopWatchGpuThrottled's `reason` label -> cause.
 THROTTLE_CAUSE = {"sw_thermal": "thermal", "hw_thermal": "thermal", "sw_power_cap": "power",
                   "hw_power_brake": "power", "hw_slowdown": "hw_slowdown"}
@@ -60,6 +61,8 @@ def alert_cause(episode: Episode) -> str | None:
         return labels["cause"]
     if episode.alertname == "FlopWatchGpuThrottled":
         return THROTTLE_CAUSE.get(labels.get("reason", ""))
+    if labels.get("xid") == GPU_LOST_XID:
+        return "gpu_lost"  # XID 79: the GPU has fallen off the bus
     return CAUSE_OF_ALERT.get(episode.alertname)
 
 

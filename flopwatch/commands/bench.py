@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -46,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(bench=None)
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt  # unwinds through the servers' context managers, which stop them
+
+
 def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.bench != "detect":
         raise UsageError("name a benchmark: flopwatch bench detect --scenarios PATH (see --help)")
     setup_logging(args.log_level)
