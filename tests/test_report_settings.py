@@ -23,6 +23,7 @@ def test_a_config_file_under_report_or_at_the_top(tmp_path):
     assert settings.thresholds.low_mfu == 0.25 and settings.thresholds.lemon_occasions == 3
     assert settings.thresholds.idle_share == Thresholds().idle_share
     assert parse({"dtype": "FP8", "cluster_label": "site"}).dtype == "fp8"
+    assert parse({"top_jobs_in_charts": 2}).top_jobs_in_charts == 2
 
 
 def test_flags_win_over_the_file(tmp_path):

@@ -8,6 +8,7 @@ recommendations are written from. Defaults < `--config FILE` (YAML) < flags.
     dtype: bf16                # which flopwatch_gpu_peak_dense_flops is the MFU denominator
     cluster_label: cluster     # the external label that tells clusters apart
     teams: {alice: llm, bob: llm, carol: vision}
+    top_jobs_in_charts: 5      # jobs drawn in the MFU chart
     thresholds: {low_mfu: 0.30, min_gpu_hours: 100, idle_share: 0.20, goodput_low: 0.90,
                  lemon_occasions: 2, straggler_excess: 0.03, straggler_min_buckets: 2,
                  busy_utilization: 0.10}
@@ -51,8 +52,7 @@ class ReportSettings:
     cluster_label: str = "cluster"
     teams: dict[str, str] = field(default_factory=dict)
     thresholds: Thresholds = Thresholds()
-    top_jobs: int = 8               # jobs named in recommendations' lists
-    top_jobs_in_charts: int = 5
+    top_jobs_in_charts: int = 5     # jobs drawn in the MFU chart, largest first
     workers: int = 4
     timeout: float = 120.0
 
@@ -148,10 +148,11 @@ def parse(data: Any, source: str = "config") -> ReportSettings:
             values[key] = {str(user): str(team) for user, team in value.items()}
         elif key == "thresholds":
             values[key] = _thresholds(value, where)
-        elif key == "top_jobs":
+        elif key == "top_jobs_in_charts":
             values[key] = _count(value, where)
         else:
-            known = "price_kwh, price_gpu_hour, currency, dtype, cluster_label, teams, thresholds, top_jobs"
+            known = ("price_kwh, price_gpu_hour, currency, dtype, cluster_label, teams, thresholds, "
+                     "top_jobs_in_charts")
             raise SettingsError(f"{where}: unknown setting (known: {known})")
     return ReportSettings(**values)
 

@@ -231,6 +231,7 @@ def test_report_reads_like_a_report(week):
     assert f"Job llm-8b ran at {100 * job['mfu']:.0f}% MFU on {job['ranks']} GPUs for {hours:.0f} h" in markdown
     assert "Drain node node0003" in markdown
     assert "No data in the window before" in markdown
+    assert "failed (" not in markdown  # every query ran
     html = (week["out"] / "report.html").read_text()
     assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="chart"') >= 4
     assert not re.search(r"<script|<link|<img|<iframe|\b(?:src|href)=\"(?:https?:)?//", html)
