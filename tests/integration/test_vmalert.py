@@ -1,0 +1,103 @@
+"""The rule files run unchanged on VictoriaMetrics' vmalert: VictoriaMetrics scrapes a simulated
+fleet every 5 s, vmalert evaluates alerts/*.yml against it (recording rules written back by
+remote write) and notifies a real Alertmanager; the injected thermal straggler fires the same
+FlopWatchStraggler alert, naming node, GPU, rank and cause, that Prometheus fires.
+
+Only the GPUs are simulated (flopwatch.sim, one target per node); VictoriaMetrics, vmalert
+(Debian package `victoria-metrics`) and Alertmanager are real, all on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flopwatch.commands.demo import alertmanager_config, rule_files
+from flopwatch.promql import PromClient
+from flopwatch.sim.fleet import Fleet, node_name
+from flopwatch.sim.scenario import parse
+from flopwatch.sim.serve import FleetServer
+from flopwatch.stack import Alertmanager, VictoriaMetrics, VmAlert
+from flopwatch.stack.webhook import WebhookReceiver
+
+pytestmark = pytest.mark.integration
+
+SCRAPE_S = 5
+WARMUP_TIMEOUT_S = 120   # vmalert reads each recording rule back through VictoriaMetrics: a
+ALERT_TIMEOUT_S = 120    # chain of N rules lags about N evaluations behind Prometheus
+SLOW_NODE, SLOW_GPU = 1, 3
+
+
+def scenario():
+    """32 ranks (4 nodes x 8 H100s) of an 8B model at ~4.5 s per step, 2% jitter."""
+    return parse({
+        "name": "vmalert-thermal", "seed": 12, "duration": "1h", "scrape_interval": f"{SCRAPE_S}s",
+        "fleet": {"nodes": 4, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 4},
+        "jobs": [{"id": "llm-8b", "nodes": "0-3",
+                  "model": {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192},
+                  "tokens_per_step": 1048576, "target_mfu": 0.45, "step_jitter": 0.02}],
+        "faults": [],
+    })
+
+
+def vmalert_alerts(url: str) -> list[dict]:
+    with urllib.request.urlopen(url + "/api/v1/alerts", timeout=10) as answer:
+        return json.load(answer)["data"]["alerts"] or []
+
+
+def test_vmalert_fires_the_same_straggler_alert(tmp_path: Path) -> None:
+    fleet = Fleet(scenario())
+    for _ in range(24):
+        fleet.advance(SCRAPE_S)
+    fleet.start_unix = time.time() - fleet.t
+    server = FleetServer(fleet)
+    stop = threading.Event()
+    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
+    server.start()
+    targets = server.write_file_sd(tmp_path / "targets.json")
+    scrape = tmp_path / "scrape.yml"
+    scrape.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": f"{SCRAPE_S}s"},
+        "scrape_configs": [{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(targets)]}]}],
+    }))
+    try:
+        with WebhookReceiver() as webhook, Alertmanager(alertmanager_config(webhook.url)) as alertmanager, \
+                VictoriaMetrics(extra_args=[f"-promscrape.config={scrape}"]) as victoria, \
+                VmAlert(rule_files(), victoria.url, notifiers=[alertmanager.url],
+                        evaluation_interval=f"{SCRAPE_S}s") as vmalert:
+            ticker.start()
+            client = PromClient(victoria.url)
+            deadline = time.monotonic() + WARMUP_TIMEOUT_S
+            while not client.query("job_id:flopwatch_straggler_ranks:count") and time.monotonic() < deadline:
+                time.sleep(2)
+            assert [s.value for s in client.query("job_id:flopwatch_straggler_ranks:count")] == [32]
+            assert not [a for a in vmalert_alerts(vmalert.url) if a["labels"].get("severity") == "page"]
+
+            with server.lock:
+                fleet.inject("thermal_throttle", SLOW_NODE, gpu=SLOW_GPU, duration=3600, slowdown=0.08)
+            injected = time.monotonic()
+            page = webhook.wait_for(lambda a: a.get("status") == "firing"
+                                    and a["labels"].get("alertname") == "FlopWatchStraggler", ALERT_TIMEOUT_S)
+            latency = time.monotonic() - injected
+            fired = [a for a in vmalert_alerts(vmalert.url) if a["labels"].get("severity") == "page"
+                     and a.get("state") == "firing"]
+    finally:
+        stop.set()
+        if ticker.is_alive():
+            ticker.join(timeout=30)
+        server.stop()
+
+    assert page is not None, f"vmalert sent no straggler alert within {ALERT_TIMEOUT_S}s: {webhook.alerts}"
+    labels = page["labels"]
+    assert (labels["node"], labels["gpu"], labels["rank"], labels["cause"], labels["job_id"]) == (
+        node_name(SLOW_NODE), str(SLOW_GPU), str(SLOW_NODE * 8 + SLOW_GPU), "thermal", "llm-8b")
+    assert f"{node_name(SLOW_NODE)} GPU {SLOW_GPU}" in page["annotations"]["summary"]
+    assert {(a["labels"]["alertname"], a["labels"].get("node"), a["labels"].get("gpu")) for a in fired} == {
+        ("FlopWatchStraggler", node_name(SLOW_NODE), str(SLOW_GPU))}
+    print(f"vmalert straggler alert {latency:.0f}s after the injection")
