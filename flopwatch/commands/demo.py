@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -204,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
                 view.injected = injected
                 live.update(render(view, webhook.firing(), elapsed, prometheus.url))
                 stop.wait(min(2.0, max(0.0, deadline - time.monotonic())))
-        _summary(console, client, webhook, injected)
+        report = _report(prometheus.url, workdir)
+        _summary(console, client, webhook, injected, report)
         return 0
     except ServerError as error:
         raise RuntimeFailure(str(error)) from None
@@ -231,7 +234,24 @@ def _inject(server: FleetServer, fleet: Fleet) -> str:
     return f"thermal_throttle on {node_name(node)} GPU {gpu} (job {spec.id}), 8% slower"
 
 
-def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, injected: str) -> None:
+def _report(prometheus_url: str, workdir: Path) -> str:
+    """`flopwatch report` over the last hour (the shortest it covers; the demo holds a few minutes of
+    it) while the demo's Prometheus still runs: the report path,
+    or why there is none."""
+    out = workdir / "report"
+    command = [sys.executable, "-m", "flopwatch", "report", "--prometheus", prometheus_url,
+               "--last", "1h", "--out", str(out), "--no-pdf", "--quiet"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        return "not written (flopwatch report took longer than 2 minutes)"
+    if result.returncode != 0:
+        return f"not written ({(result.stderr.strip().splitlines() or ['unknown error'])[-1]})"
+    return str(out / "report.html")
+
+
+def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, injected: str,
+             report: str) -> None:
     try:
         mfu = {s.labels.get("job_id"): s.value for s in client.query(QUERIES["job_mfu"])}
     except PromError:
@@ -246,6 +266,7 @@ def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, inj
                   + ("" if rule_files() else " (no alert rules in alerts/ yet)"))
     for alert in pages[-5:]:
         console.print(f"    {alert['labels'].get('alertname')}: {alert.get('annotations', {}).get('summary', '')}")
+    console.print(f"  report: {report}")
     console.print("everything stopped.")
 
 

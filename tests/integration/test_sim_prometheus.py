@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,10 @@ def test_demo_runs_and_leaves_no_process():
     assert "injected thermal_throttle on node0003 GPU 5 (job llm-8b)" in result.stderr
     assert "job llm-8b: MFU" in result.stderr
     assert "node0003" in result.stderr  # the straggler table names the injected node
+    report = re.search(r"report: (\S+report\.html)", result.stderr)
+    assert report, result.stderr[-2000:]
+    html = Path(report.group(1)).read_text()
+    assert "llm-8b" in html and "<svg" in html
     # the demo's own servers (by the addresses it printed) are gone
     addresses = re.findall(r"(?:Prometheus|Alertmanager)\s+http://(127\.0\.0\.1:\d+)", result.stderr)
     assert len(set(addresses)) == 2, result.stderr[:2000]
