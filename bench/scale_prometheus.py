@@ -13,12 +13,13 @@ Three parts, each measured, none estimated:
 - `tsdb`: bytes per sample on disk. `--tsdb-hours` of simulated history for `--tsdb-nodes` nodes is
   written into Prometheus's own TSDB blocks by `promtool tsdb create-blocks-from openmetrics`;
   bytes per sample = the block directories' size / the samples their meta.json counts.
-- `serve`: one Prometheus (5 s scrapes, every rule file of alerts/ loaded) scraping `--nodes`
-  simulated nodes served by one simulator process (bench/sim_capacity.py's fleet); after every
-  target is up and every rule group has run, a `--seconds` window gives ingestion, CPU and memory
-  of Prometheus, and each rule group's evaluation time from Prometheus's own
-  `prometheus_rule_group_last_duration_seconds` (mean and max over the window, sampled by its
-  self-scrape), missed iterations and failed evaluations.
+- `serve`: one Prometheus (5 s scrapes) scraping `--nodes` simulated nodes served by one
+  simulator process (bench/sim_capacity.py's fleet). Phase 1 scrapes only; phase 2 reloads it with
+  every rule file of alerts/. Each phase's window reads Prometheus's own /metrics directly: samples
+  appended, every group's `prometheus_rule_group_last_duration_seconds` (sampled every 5 s),
+  iterations run and missed, failed evaluations; and Prometheus's CPU time. The CPU the rules need
+  is phase 2's minus phase 1's, scaled by the share of iterations actually run (on a starved
+  machine Prometheus skips them), which depends far less on what else runs than wall time does.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from flopwatch.sim.node import SimNodeAgent
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
 from flopwatch.stack.process import require_binary
-from flopwatch.stack.servers import scrape_job
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_FILES = sorted(ROOT.glob("alerts/flopwatch-*.yml"))
@@ -159,82 +159,130 @@ def tsdb_bytes_per_sample(nodes: int, hours: float, step: float = 5.0) -> dict[s
 
 
 # -- one Prometheus, the whole fleet, every rule ------------------------------------------------------
-def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0) -> dict[str, object]:
+def _own_metrics(url: str) -> dict[tuple[str, str], float]:
+    """(name, rule group or "") -> value from Prometheus's own /metrics, read directly (its
+    self-scrape can time out on a loaded machine)."""
+    wanted = ("prometheus_rule_group_last_duration_seconds", "prometheus_rule_group_iterations_total",
+              "prometheus_rule_group_iterations_missed_total", "prometheus_rule_group_interval_seconds",
+              "prometheus_rule_evaluation_failures_total", "prometheus_tsdb_head_series",
+              "prometheus_tsdb_head_samples_appended_total", "prometheus_rule_group_rules")
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as answer:
+        for raw in answer.read().decode().splitlines():
+            name = raw.split("{", 1)[0].split(" ", 1)[0]
+            if name not in wanted:
+                continue
+            group = raw.split('rule_group="', 1)[1].split('"', 1)[0].rsplit(";", 1)[-1] if "rule_group=" in raw else ""
+            out[(name, group)] += float(raw.rsplit(" ", 1)[1])
+    return out
+
+
+def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict[str, object]:
+    """CPU and memory of Prometheus and of this process, its own counters at both ends, and
+    samples of every group's last duration, over `seconds`."""
+    me, proc = psutil.Process(), psutil.Process(prom.proc.pid)
+    others0 = _other_processes({me.pid, proc.pid})
+    first, cpu0, mine0, wall0 = _own_metrics(prom.url), cpu_seconds(proc), cpu_seconds(me), time.monotonic()
+    durations: dict[str, list[float]] = defaultdict(list)
+    rss: list[float] = []
+    while time.monotonic() - wall0 < seconds:
+        rss.append(proc.memory_info().rss)
+        for (name, group), value in _own_metrics(prom.url).items():
+            if name == "prometheus_rule_group_last_duration_seconds":
+                durations[group].append(value)
+        time.sleep(sample_every)
+    last, wall = _own_metrics(prom.url), time.monotonic() - wall0
+    return {"wall": wall, "first": first, "last": last, "durations": durations, "rss": rss,
+            "cpu": cpu_seconds(proc) - cpu0, "sim_cpu": cpu_seconds(me) - mine0,
+            "others": _busiest_others(others0, _other_processes({me.pid, proc.pid}), wall)}
+
+
+def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None) -> dict[str, object]:
+    """Phase 1 scrapes only; phase 2 reloads with every rule file. Rule CPU = phase 2's Prometheus
+    CPU minus phase 1's, per evaluation actually run (a starved Prometheus skips iterations)."""
     if not RULE_FILES:
         raise SystemExit("alerts/flopwatch-*.yml: no rule files")
     fleet = Fleet(fleet_scenario(nodes, interval), start_unix=time.time())
     server = FleetServer(fleet)
     server.start()
     stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
+    # a slower tick than the scrape interval spares the CPU Prometheus needs; scrapes, series and
+    # samples are the same (values change every `tick` seconds instead of every scrape)
+    ticker = threading.Thread(target=server.run, args=(0, stop, tick or interval), daemon=True)
     workdir = Path(tempfile.mkdtemp(prefix="flopwatch-bench-"))
     targets = server.write_file_sd(workdir / "targets.json")
     prom = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}],
-                      rule_files=RULE_FILES, scrape_interval=f"{interval:g}s", evaluation_interval="15s",
+                      scrape_interval=f"{interval:g}s", evaluation_interval="15s",
                       extra_args=["--query.max-samples=200000000"])
-    prom.config["scrape_configs"].append(scrape_job("prometheus", [f"{prom.host}:{prom.port}"], interval="5s"))
     try:
         prom.start(timeout=60)
         ticker.start()
-        client = PromClient(prom.url, timeout=120)
+        client = PromClient(prom.url, timeout=300)
         deadline = time.monotonic() + 300
         while (client.scalar('count(up{job="sim"} == 1)') or 0) < nodes:
             if time.monotonic() > deadline:
                 raise SystemExit(f"not all {nodes} targets came up within 300 s")
             time.sleep(2)
-        up_at = time.monotonic()
-        time.sleep(75)  # a minute of samples behind every rate(...[1m]) and two rounds of every group
-        me, prom_proc = psutil.Process(), psutil.Process(prom.proc.pid)
-        cpu0, pcpu0, wall0 = cpu_seconds(me), cpu_seconds(prom_proc), time.monotonic()
-        others0 = _other_processes({me.pid, prom_proc.pid})
-        rss: list[float] = []
+        time.sleep(20)
+        scrape_only = _window(prom, seconds / 2)
+        prom.config["rule_files"] = [str(path) for path in RULE_FILES]
+        prom.reload()
+        time.sleep(75)  # a minute of samples behind every rate(...[1m]); every group has run
         ticks_before = server.ticks
-        while time.monotonic() - wall0 < seconds:
-            rss.append(prom_proc.memory_info().rss)
-            time.sleep(5)
-        wall = time.monotonic() - wall0
-        window = f"{int(wall)}s"
-        others = _busiest_others(others0, _other_processes({me.pid, prom_proc.pid}), wall)
+        rules = _window(prom, seconds)
         ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
-        groups: dict[str, dict[str, float]] = defaultdict(dict)
-        queries = {
-            "interval_s": "prometheus_rule_group_interval_seconds",
-            "mean_s": f"avg_over_time(prometheus_rule_group_last_duration_seconds[{window}])",
-            "max_s": f"max_over_time(prometheus_rule_group_last_duration_seconds[{window}])",
-            "rules": "prometheus_rule_group_rules",
-            "missed": f"increase(prometheus_rule_group_iterations_missed_total[{window}])",
-        }
-        for field, expr in queries.items():
-            for sample in client.query(expr):
-                groups[sample.labels["rule_group"].rsplit(";", 1)[-1]][field] = sample.value
-        slowest_rules = _slowest_rules(prom.url)
-        failures = client.scalar(f"sum(increase(prometheus_rule_evaluation_failures_total[{window}]))") or 0.0
-        rule_core = sum(g.get("mean_s", 0) / g["interval_s"] for g in groups.values() if g.get("interval_s"))
+        window = f"{int(rules['wall'])}s"
+        failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
+                               f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
+        first, last = rules["first"], rules["last"]
+        groups: dict[str, dict[str, float]] = {}
+        for (name, group), value in last.items():
+            if name != "prometheus_rule_group_interval_seconds":
+                continue
+            done = last[("prometheus_rule_group_iterations_total", group)] - \
+                first[("prometheus_rule_group_iterations_total", group)]
+            missed = last[("prometheus_rule_group_iterations_missed_total", group)] - \
+                first[("prometheus_rule_group_iterations_missed_total", group)]
+            seen = rules["durations"].get(group) or [0.0]
+            groups[group] = {"interval_s": value, "rules": last[("prometheus_rule_group_rules", group)],
+                             "iterations": done, "missed": missed, "nominal": rules["wall"] / value,
+                             "duration_mean_s": statistics.mean(seen), "duration_max_s": max(seen)}
         gpus = nodes * fleet.scenario.fleet.gpus_per_node
-        result: dict[str, object] = {
-            "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval, "window_s": round(wall, 1),
-            "seconds_targets_up_before_window": round(wall0 - up_at, 1),
-            "head_series": client.scalar("prometheus_tsdb_head_series"),
-            "samples_per_s": round(client.scalar(f"rate(prometheus_tsdb_head_samples_appended_total[{window}])"), 0),
-            "series_per_node": round(client.scalar('avg(scrape_samples_scraped{job="sim"})'), 1),
-            "failed_scrapes": client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
-                                            f'sum(sum_over_time(up{{job="sim"}}[{window}]))'),
-            "prometheus_cpu_pct_of_core": round(100 * (cpu_seconds(prom_proc) - pcpu0) / wall, 1),
-            "prometheus_rss_gib_mean": round(statistics.mean(rss) / 2**30, 2),
-            "prometheus_rss_gib_max": round(max(rss) / 2**30, 2),
-            "sim_cpu_pct_of_core": round(100 * (cpu_seconds(me) - cpu0) / wall, 1),
-            "sim_tick_mean_s": round(statistics.mean(ticks), 3) if ticks else None,
-            "rule_groups": len(groups),
-            "rule_evaluation_failures": failures,
-            "slowest_group_max_s": round(max(g.get("max_s", 0) for g in groups.values()), 3),
-            "rule_cores_busy": round(rule_core, 3),
-            "rule_core_seconds_per_s_per_1000_gpus": round(rule_core / (gpus / 1000), 4),
+        cpu_scrape = scrape_only["cpu"] / scrape_only["wall"]
+        cpu_rules_window = rules["cpu"] / rules["wall"]
+        done_share = sum(g["iterations"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
+        rule_cores = max(0.0, cpu_rules_window - cpu_scrape) / max(done_share, 1e-9)
+
+        def appended(window: dict[str, object]) -> float:
+            counter = "prometheus_tsdb_head_samples_appended_total", ""
+            return (window["last"][counter] - window["first"][counter]) / window["wall"]  # type: ignore[index]
+
+        return {
+            "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval, "sim_tick_interval_s": tick or interval,
+            "window_s_scrape_only": round(scrape_only["wall"], 1), "window_s_with_rules": round(rules["wall"], 1),
+            "head_series": last[("prometheus_tsdb_head_series", "")],
+            "series_per_node": round(client.scalar('avg(scrape_samples_scraped{job="sim"})') or 0, 1),
+            "samples_per_s_scrape_only": round(appended(scrape_only)),
+            "samples_per_s_with_rules": round(appended(rules)),
+            "samples_per_s_nominal": round(last[("prometheus_tsdb_head_series", "")] / interval),
+            "failed_scrapes_with_rules": failed,
+            "prometheus_cpu_cores_scrape_only": round(cpu_scrape, 3),
+            "prometheus_cpu_cores_with_rules": round(cpu_rules_window, 3),
+            "rule_iterations_run_share": round(done_share, 3),
+            "rule_cores_needed": round(rule_cores, 3),
+            "rule_core_seconds_per_s_per_1000_gpus": round(rule_cores / (gpus / 1000), 4),
+            "prometheus_rss_gib_max": round(max(rules["rss"]) / 2**30, 2),
+            "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
+            "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
+            "rule_evaluation_failures": last[("prometheus_rule_evaluation_failures_total", "")]
+            - first[("prometheus_rule_evaluation_failures_total", "")],
+            "slowest_group_max_s": round(max(g["duration_max_s"] for g in groups.values()), 3),
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-            "other_processes_pct_of_core": others,
+            "other_processes_pct_of_core_scrape_only": scrape_only["others"],
+            "other_processes_pct_of_core_with_rules": rules["others"],
             "groups": {name: {k: round(v, 4) for k, v in values.items()} for name, values in sorted(groups.items())},
-            "slowest_rules_last_evaluation": slowest_rules,
+            "slowest_rules_last_evaluation": _slowest_rules(prom.url),
         }
-        return result
     finally:
         stop.set()
         ticker.join(30)
@@ -279,6 +327,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1250)
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--tick", type=float, default=None,
+                        help="simulator tick, seconds (default: the scrape interval)")
     parser.add_argument("--tsdb-nodes", type=int, default=8)
     parser.add_argument("--tsdb-hours", type=float, default=4.0)
     parser.add_argument("--skip-serve", action="store_true")
@@ -289,7 +339,7 @@ def main() -> None:
     if not args.skip_tsdb:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)
     if not args.skip_serve:
-        results["serve"] = serve_with_rules(args.nodes, args.seconds, args.interval)
+        results["serve"] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick)
     for section, values in results.items():
         print(f"\n| {section} | value |\n|---|---|")
         for key, value in values.items():  # type: ignore[union-attr]
