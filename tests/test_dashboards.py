@@ -300,3 +300,11 @@ def test_console_script_runs_the_command() -> None:
     result = subprocess.run([sys.executable, "-m", "flopwatch", "dashboards", "build", "--check"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_expand_substitutes_like_grafana() -> None:
+    values = {"node": "node0001", "node_pool": "p", "gpu": "(3|5)", "__rate_interval": "20s"}
+    assert dashboards.expand('x{node=~"$node", gpu=~"${gpu}", pool="$node_pool"}[$__rate_interval]', values) == (
+        'x{node=~"node0001", gpu=~"(3|5)", pool="p"}[20s]')
+    assert dashboards.expand('label_replace(x, "a", "0$1", "b", "(.)")', values) == (
+        'label_replace(x, "a", "0$1", "b", "(.)")')

@@ -66,6 +66,15 @@ def stale_files(out_dir: str | Path, docs_url: str = common.DOCS_URL) -> list[st
     return stale
 
 
+def expand(expr: str, values: dict[str, str]) -> str:
+    """A panel query as Grafana sends it: `$name`/`${name}` replaced by the chosen values (a multi-value
+    selection as a regex alternation like `(a|b)`, All as `.*`, $__rate_interval and $__range as
+    durations such as `20s`); longest names first, so `$node` never eats `$node_x`."""
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    return expr
+
+
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every panel that shows data (rows left out, panels inside collapsed rows included)."""
     for panel in dashboard.get("panels", []):

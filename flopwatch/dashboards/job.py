@@ -19,9 +19,17 @@ GPUS = 'node=~"$node", gpu=~"$gpu"'
 
 def _per_step(phase: str) -> str:
     """Seconds of `phase` per step for each rank of the job (labels job_id, rank, node, gpu)."""
-    return (f'sum by (job_id, rank, node, gpu) (rate(flopwatch_train_phase_seconds_total{{job_id=~"$job_id", '
-            f'phase="{phase}"}}[$__rate_interval])) / sum by (job_id, rank, node, gpu) '
-            f"(rate(flopwatch_train_steps_total{JOB}[$__rate_interval]) > 0)")
+    return (f'rate(flopwatch_train_phase_seconds_total{{job_id=~"$job_id", phase="{phase}"}}[$__rate_interval]) '
+            f"/ ignoring (phase) (rate(flopwatch_train_steps_total{JOB}[$__rate_interval]) > 0)")
+
+
+def _outliers(title: str, description: str, unit: str, metric: str, pick: str):
+    """The job's GPUs that stand out (`topk` or `bottomk` of 8) and the job's median for scale: a
+    1,024-GPU job would otherwise draw 1,024 lines."""
+    series = c.on_job_gpus(f"{metric}{{{GPUS}}}")
+    return (c.timeseries_panel(title, description, unit, legend_table=True)
+            .with_target(c.query(f"{pick}(8, {series})", "{{node}} GPU {{gpu}}", "A"))
+            .with_target(c.query(f"quantile(0.5, {series})", "job median", "B")))
 
 
 def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
@@ -152,12 +160,11 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
 
     board.row("The job's GPUs")
     board.add(
-        c.timeseries_panel(
-            "SM clock", "SM clock of the job's GPUs (filter with the node and GPU variables). A GPU "
-            "clocking below its peers is throttled: the throttle-reason timeline says why.", c.HERTZ,
-            legend_table=True)
-        .data_links([to_gpu])
-        .with_target(c.query(c.on_job_gpus(f"flopwatch_gpu_sm_clock_hertz{{{GPUS}}}"), "{{node}} GPU {{gpu}}")),
+        _outliers(
+            "SM clock: slowest GPUs", "The eight lowest SM clocks among the job's GPUs (narrow with the node "
+            "and GPU variables) against the job's median. A GPU clocking below its peers is throttled: the "
+            "throttle-reason timeline says why.", c.HERTZ, "flopwatch_gpu_sm_clock_hertz", "bottomk")
+        .data_links([to_gpu]),
         c.state_timeline_panel(
             "Throttle reasons", "Clock-event reasons holding a GPU of the job below its requested clock, "
             "only while active: sw_thermal/hw_thermal (too hot), sw_power_cap/hw_power_brake (power), "
@@ -167,16 +174,16 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .links(board.runbooks("FlopWatchGpuThrottled", "FlopWatchStraggler"))
         .with_target(c.query(c.on_job_gpus(
             f'flopwatch_gpu_clock_event_active{{{GPUS}, reason!="idle"}} == 1'), "{{node}} GPU {{gpu}} {{reason}}")),
-        c.timeseries_panel(
-            "GPU temperature", "Core temperature of the job's GPUs. One GPU hotter than its neighbours "
-            "(cooling, airflow) throttles first.", c.CELSIUS, legend_table=True)
-        .data_links([to_gpu])
-        .with_target(c.query(c.on_job_gpus(f"flopwatch_gpu_temperature_celsius{{{GPUS}}}"),
-                             "{{node}} GPU {{gpu}}")),
-        c.timeseries_panel(
-            "GPU power", "Board power of the job's GPUs. A GPU pinned at its limit while others are not is "
-            "power-capped; one far below is waiting.", c.WATTS, legend_table=True)
-        .data_links([to_gpu])
-        .with_target(c.query(c.on_job_gpus(f"flopwatch_gpu_power_watts{{{GPUS}}}"), "{{node}} GPU {{gpu}}")),
+        _outliers(
+            "GPU temperature: hottest GPUs", "The eight hottest of the job's GPUs against the job's median. "
+            "One GPU hotter than its neighbours (cooling, airflow) throttles first.", c.CELSIUS,
+            "flopwatch_gpu_temperature_celsius", "topk")
+        .data_links([to_gpu]),
+        _outliers(
+            "GPU power: lowest-drawing GPUs", "The eight GPUs of the job drawing the least power against the "
+            "job's median. One far below its peers is power-capped or waiting; all far below their limits "
+            "means the job waits (data, communication, a straggler).", c.WATTS, "flopwatch_gpu_power_watts",
+            "bottomk")
+        .data_links([to_gpu]),
     )
     return board.build()

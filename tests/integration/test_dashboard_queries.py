@@ -76,9 +76,7 @@ DEADLINE_S = 75
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:
-    names = {**values, **BUILTINS}
-    for name in sorted(names, key=len, reverse=True):
-        expr = expr.replace("${" + name + "}", names[name]).replace("$" + name, names[name])
+    expr = dashboards.expand(expr, {**values, **BUILTINS})
     assert "$" not in expr.replace("$1", ""), f"unsubstituted variable in {expr}"
     return expr
 
