@@ -93,6 +93,20 @@ def _optional(parse: Parser) -> Parser:
     return parse_optional
 
 
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: whole when short, cut when absurdly long."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _node_name(value: Any) -> str:
+    """A node label value: printable (no newline or control character), at most 253 characters."""
+    text = _text(value)
+    if len(text) > 253 or not text.isprintable():
+        raise ValueError
+    return text
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
         raise ValueError
@@ -173,7 +187,7 @@ def parse_listen(value: Any) -> tuple[str, int]:
 
 
 FIELDS: dict[str, Field] = {
-    "node": Field(_text, None, "a node name (default: this host's name)"),
+    "node": Field(_node_name, None, "a node name, printable, up to 253 characters (default: this host's name)"),
     "listen": Field(parse_listen, f"0.0.0.0:{DEFAULT_PORT}", "HOST:PORT, e.g. 127.0.0.1:9847"),
     "web_config": Field(_optional(_text), None,
                         "a web config file (exporter-toolkit format: TLS certificate and key, client CA, "
@@ -332,15 +346,36 @@ class AgentConfig:
         return flat
 
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
+MAX_FILE_BYTES = 1 << 20   # a config file larger than this is not one (or is hostile)
+MAX_FILE_KEYS = 1000       # flattened keys; also stops YAML alias bombs before they expand
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "", flat: dict[str, Any] | None = None) -> dict[str, Any]:
+    flat = {} if flat is None else flat
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            flat.update(_flatten(value, dotted + "."))
+            _flatten(value, dotted + ".", flat)
         else:
             flat[dotted] = value
+        if len(flat) > MAX_FILE_KEYS:
+            raise ValueError(f"more than {MAX_FILE_KEYS} settings (nested too deep, or repeated through YAML aliases)")
     return flat
+
+
+def read_text_file(path: Path, what: str = "config file") -> str:
+    """The text of a small UTF-8 file (a config); one-line ConfigError when it cannot be one."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(f"{what} {path}: cannot read it ({error.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{what} {path}: larger than {MAX_FILE_BYTES >> 20} MiB; is it the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path}: not a UTF-8 text file") from None
 
 
 def env_name(key: str) -> str:
@@ -348,10 +383,7 @@ def env_name(key: str) -> str:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
+    text = read_text_file(path)
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
@@ -360,7 +392,10 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: not valid YAML{where}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path}: expected a mapping of keys to values at the top")
-    return _flatten(data)
+    try:
+        return _flatten(data)
+    except ValueError as error:
+        raise ConfigError(f"config file {path}: {error}") from None
 
 
 def load(
@@ -398,7 +433,7 @@ def load(
         try:
             parsed[key] = field.parse(value)
         except (ValueError, TypeError):
-            shown = "(secret)" if key in SECRET_KEYS else repr(value)
+            shown = "(secret)" if key in SECRET_KEYS else _shown(value)
             raise ConfigError(f"{key} = {shown} ({source}): expected {field.expected}") from None
     return AgentConfig(
         node=parsed["node"] or socket.gethostname(),

@@ -41,6 +41,8 @@ from typing import Any
 
 import yaml
 
+from flopwatch.config import ConfigError, read_text_file
+
 log = logging.getLogger(__name__)
 
 RELOAD_CHECK_S = 1.0          # files are looked at (stat) at most this often
@@ -106,11 +108,9 @@ def load(path: str | Path) -> WebConfig:
     """Read and validate a web config file; raises WebConfigError."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise WebConfigError(f"web config {path}: cannot read it ({error.strerror})") from None
-    except UnicodeDecodeError:
-        raise WebConfigError(f"web config {path}: not a text file") from None
+        text = read_text_file(path, "web config")
+    except ConfigError as error:
+        raise WebConfigError(str(error)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:  # its message quotes the line, which may hold a hash: not shown
@@ -276,9 +276,9 @@ def server_context(tls: TlsSettings) -> ssl.SSLContext:
 
 def _read_pem(path: Path, key: str) -> str:
     try:
-        return path.read_text(errors="replace")
-    except OSError as error:
-        raise WebConfigError(f"tls_server_config.{key} {path}: cannot read it ({error.strerror})") from None
+        return read_text_file(path, f"tls_server_config.{key}")
+    except ConfigError as error:
+        raise WebConfigError(str(error)) from None
 
 
 def _refuse_password() -> bytes:
