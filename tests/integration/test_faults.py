@@ -13,6 +13,7 @@ training processes do not fit on this machine.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -295,6 +296,7 @@ while True:
 
 def test_a_training_process_killed_mid_step_keeps_its_totals_until_its_series_expire(train_agent) -> None:
     agent, socket_path = train_agent
+    rejected_before = sum(values(get(agent.url + "/metrics")[1], "flopwatch_train_events_rejected_total"))
     with Trainers(socket_path, "healthy-job", ranks=1, step_s=0.05):
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(socket_path)], stdout=subprocess.PIPE, text=True)
         try:
@@ -323,7 +325,7 @@ def test_a_training_process_killed_mid_step_keeps_its_totals_until_its_series_ex
         _, text = get(agent.url + "/metrics")
         assert 'job_id="killed-job"' not in text          # its job's histogram went with its last rank
         assert values(text, "flopwatch_train_steps_total", job_id="healthy-job")[0] > healthy_before
-        assert sum(values(text, "flopwatch_train_events_rejected_total")) == 0
+        assert sum(values(text, "flopwatch_train_events_rejected_total")) == rejected_before
         assert get(agent.url + "/healthz")[0] == 200
 
 
@@ -359,6 +361,7 @@ def test_thousands_of_ranks_come_and_go_series_expire_and_memory_returns(train_a
     agent, socket_path = train_agent
     assert agent.proc is not None
     process = psutil.Process(agent.proc.pid)
+    rejected_before = sum(values(get(agent.url + "/metrics")[1], "flopwatch_train_events_rejected_total"))
 
     def round_of_ranks(tag: str) -> int:
         """Two waves of 3,000 ranks, shown at once, then gone: the peak RSS meanwhile."""
@@ -384,10 +387,47 @@ def test_thousands_of_ranks_come_and_go_series_expire_and_memory_returns(train_a
     returned = (peak_rss - rss) / (peak_rss - baseline_rss)
     print(f"agent RSS after a warm-up round {baseline_rss / 2**20:.1f} MiB; with 6,000 ranks {peak_rss / 2**20:.1f} "
           f"MiB; after they expired {rss / 2**20:.1f} MiB ({returned:.0%} of the increase given back)")
-    assert sum(values(text, "flopwatch_train_events_rejected_total")) == 0
+    assert sum(values(text, "flopwatch_train_events_rejected_total")) == rejected_before
     assert values(text, "flopwatch_train_events_accepted_total")[0] >= 12_000
     assert abs(len(text) - baseline_bytes) < 2000, "the exposition did not shrink back"
     assert peak_rss > baseline_rss
     assert returned >= 0.5, "most of the memory the ranks took was kept after they expired"
     assert rss <= 1.35 * baseline_rss, f"agent RSS grew {rss / baseline_rss - 1:+.1%} after the ranks expired"
     assert os.path.exists(socket_path)
+
+
+def test_random_bytes_and_oversized_datagrams_on_the_socket_are_rejected_and_counted(train_agent) -> None:
+    """Garbage from any local process that may write to the socket: every datagram is refused and
+    counted by reason, and a real training rank sending at the same time is not disturbed."""
+    agent, socket_path = train_agent
+    rng = random.Random(9)
+    junk = [rng.randbytes(rng.randrange(0, 2000)) for _ in range(400)]
+    junk += [b"\x01" * 65_536 for _ in range(20)]                    # oversized, version byte right
+    junk += [bytes([wire.VERSION]) + rng.randbytes(wire.MAX_DATAGRAM - 1) for _ in range(40)]
+    before = rejected_by_reason(agent)
+    with Trainers(socket_path, "steady-job", ranks=1, step_s=0.05) as trainers:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(socket_path))
+            for datagram in junk:
+                sock.send(datagram)
+        time.sleep(2.5)
+        text = get(agent.url + "/metrics")[1]
+        steady = values(text, "flopwatch_train_steps_total", job_id="steady-job")
+        assert steady and steady[0] >= trainers.monitors[0].steps - 40, "the real rank was disturbed"
+    after = rejected_by_reason(agent)
+    counted = {reason: after.get(reason, 0) - before.get(reason, 0) for reason in after}
+    assert sum(counted.values()) == len(junk), counted
+    assert counted["oversized"] >= 20
+    assert get(agent.url + "/healthz")[0] == 200
+
+
+def rejected_by_reason(agent: AgentProcess) -> dict[str, float]:
+    text = get(agent.url + "/metrics")[1]
+    reasons: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("flopwatch_train_events_rejected_total{"):
+            reason = re.search(r'reason="([^"]*)"', line)
+            assert reason is not None
+            reasons[reason.group(1)] = float(line.rpartition(" ")[2])
+    return reasons
