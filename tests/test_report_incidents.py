@@ -63,16 +63,43 @@ def test_detail_gives_the_score_and_the_whole_job_waiting():
     assert incident.gpu_hours_lost == pytest.approx(64 * 2 * slow / (1 + slow))
 
 
-def test_stragglers_from_scores_need_enough_ranks_and_buckets():
-    series = [({"job_id": "big", "rank": "5", "node": "n1", "gpu": "5"}, [NAN, 1.1, 1.12, NAN, 1.1] + [NAN] * 5),
-              ({"job_id": "big", "rank": "9", "node": "n2", "gpu": "1"}, [NAN] * 8 + [1.05, NAN]),   # one bucket
-              ({"job_id": "tiny", "rank": "0", "node": "n3", "gpu": "0"}, [1.2] * 10)]               # 4 ranks
-    res = Results({"straggler_scores": matrix("straggler_scores", series)})
-    found = inc.stragglers_from_scores(res, GRID, "cluster", 2, {("", "big"): 64, ("", "tiny"): 4})
+def arrivals(job: str, ranks: int, slow: dict[int, dict[int, float]]) -> list[tuple[dict[str, str], list[float]]]:
+    """Arrival seconds per step per bucket: 10.0 (+/- 0.5%) for every rank, `slow[rank][bucket]` where given."""
+    rows = []
+    for rank in range(ranks):
+        values = [10.0 * (1 + 0.005 * ((rank * 7 + b * 3) % 5 - 2)) for b in range(GRID.n)]
+        for bucket, factor in slow.get(rank, {}).items():
+            values[bucket] = 10.0 * factor
+        rows.append(({"job_id": job, "rank": str(rank), "node": f"n{rank // 8}", "gpu": str(rank % 8)}, values))
+    return rows
+
+
+def test_scores_are_over_the_job_median_with_a_robust_spread():
+    data = {(c["job_id"], c["rank"]): np.array(v) for c, v in arrivals("big", 16, {5: {2: 1.1}})}
+    keyed = {("", job, rank, "n", "g"): values for (job, rank), values in data.items()}
+    score, spread = inc.scores(keyed)[("", "big", "5", "n", "g")]
+    assert score[2] == pytest.approx(1.1 / np.median([data[("big", str(r))][2] / 10 for r in range(16)]), rel=1e-6)
+    assert 0 < spread[2] < 0.01
+    few = inc.scores({("", "tiny", str(r), "n", "g"): np.ones(3) for r in range(4)})
+    assert all(np.isnan(s).all() for s, _ in few.values())   # a median of 4 ranks says little
+
+
+def test_stragglers_need_enough_ranks_and_buckets():
+    series = arrivals("big", 64, {5: {1: 1.1, 2: 1.12, 4: 1.1}, 9: {8: 1.05}}) + arrivals("tiny", 4, {0: {0: 1.5}})
+    res = Results({"straggler_arrivals": matrix("straggler_arrivals", series)})
+    found = inc.stragglers_from_arrivals(res, GRID, "cluster", excess=0.03, min_buckets=2)
     assert len(found) == 1
-    assert (found[0].node, found[0].gpus, found[0].ranks) == ("n1", ["5"], ["5"])
-    assert (found[0].start, found[0].end, found[0].buckets) == (600.0, 3000.0, 3)
-    assert found[0].score == pytest.approx((1.1 + 1.12 + 1.1) / 3)
+    assert (found[0].node, found[0].gpus, found[0].ranks, found[0].job_id) == ("n0", ["5"], ["5"], "big")
+    assert (found[0].start, found[0].end, found[0].buckets) == (GRID.times[1] - 600, GRID.times[4], 3)
+    assert found[0].score == pytest.approx(1.107, abs=0.01)
+
+
+def test_a_noisy_job_needs_more_than_the_threshold():
+    noisy = [({**labels, "job_id": "noisy"}, [v * (1 + 0.04 * ((i * 5) % 3 - 1)) for v in values])
+             for i, (labels, values) in enumerate(arrivals("noisy", 32, {}))]
+    noisy[3][1][2] = noisy[3][1][3] = 10.6     # 6% slower: within 5 robust sigmas of a +/- 4% job
+    res = Results({"straggler_arrivals": matrix("straggler_arrivals", noisy)})
+    assert inc.stragglers_from_arrivals(res, GRID, "cluster", excess=0.03, min_buckets=2) == []
 
 
 def test_stragglers_from_alerts_keep_the_alerts_cause_and_merge_a_node():

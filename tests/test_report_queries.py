@@ -16,7 +16,7 @@ def every_query(settings: ReportSettings, spacing: float = 15.0) -> list:
     grid = grid_for(WEEK, spacing)
     p = Promql(settings, WEEK, grid, spacing)
     return [*p.range_queries(), *p.counter_queries(), *p.total_queries(WEEK),
-            *p.total_queries(WEEK.previous(), "prev_"), *p.previous_range_queries(grid), p.straggler_scores(),
+            *p.total_queries(WEEK.previous(), "prev_"), *p.previous_range_queries(grid), p.straggler_arrivals(),
             p.straggler_alerts(), p.power_fallback(), *probe_queries(settings, WEEK),
             p.straggler_detail("d", "east", "job-1", "3", "node0001", "2", WEEK.end - 7200, WEEK.end),
             p.gpu_job("o", "east", "node0001", "2", WEEK.end)]
@@ -49,11 +49,16 @@ def test_names_are_unique_and_balanced():
 def test_ranges_follow_the_grid_and_the_window():
     grid = grid_for(WEEK, 15)
     p = Promql(ReportSettings(), WEEK, grid, 15)
-    assert "[600s]" in next(q for q in p.range_queries() if q.name == "busy").expr
+    assert grid.step == 1800 and "[1800s]" in next(q for q in p.range_queries() if q.name == "busy").expr
     total = next(q for q in p.total_queries(WEEK) if q.name == "energy_total")
     assert "[604800s]" in total.expr and total.at == WEEK.end
-    prev = next(q for q in p.total_queries(WEEK.previous(), "prev_") if q.name == "prev_energy_total")
-    assert prev.at == WEEK.start
+    prev = {q.name: q for q in p.total_queries(WEEK.previous(), "prev_")}
+    assert prev["prev_energy_total"].at == WEEK.start
+    assert prev["prev_alloc_samples"].expr.startswith(
+        "sum by (cluster) (count_over_time(flopwatch_gpu_job_info[604800s]")
+    totals = {q.name: q.expr for q in p.total_queries(WEEK)}
+    assert totals["alloc_samples"].startswith("sum by (cluster, job_id, user) (count_over_time(")
+    assert 'sum_over_time(flopwatch_gpu_peak_dense_flops{dtype="bf16"}[604800s])' in totals["peak_samples"]
     xid = next(q for q in p.counter_queries() if q.name == "xid")
     assert xid.start == grid.first - grid.step  # one bucket of baseline before the window
 
@@ -63,7 +68,7 @@ def test_dtype_thresholds_and_sparse_samples():
     queries = {q.name: q.expr for q in every_query(settings)}
     assert 'dtype="fp8"' in queries["peak"]
     assert ">= 0.1" in queries["busy"]
-    assert "> 1.03" in queries["straggler_scores"]
+    assert "flopwatch_train_steps_total" in queries["straggler_arrivals"]
     assert "last_over_time" not in queries["gpus"]
     sparse = {q.name: q.expr for q in every_query(settings, spacing=600)}
     assert "last_over_time(flopwatch_gpu_up[1201s])" in sparse["gpus"]

@@ -56,29 +56,27 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
     report.step = grid.step
     fetcher.grid = grid
     promql = Promql(settings, window, grid, spacing)
-    first = promql.range_queries() + promql.counter_queries() + promql.total_queries(window)
+    first = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
+             promql.straggler_arrivals()]
     if probe.scalar("probe_prev"):
         previous = window.previous()
         first += promql.total_queries(previous, prefix="prev_")
-        first += promql.previous_range_queries(Grid(previous.end, grid.step, grid.n))
-    fetcher.expect(len(first) + 1)
-    results = fetcher.run(first, expected=True)
+        first += promql.previous_range_queries(Grid(previous.end, grid.step, grid.n))  # busy GPUs
+    results = fetcher.run(first)
 
     alerts = bool(results.scalar("alerts_present"))
-    second = [promql.straggler_alerts() if alerts else promql.straggler_scores()]
+    second = [promql.straggler_alerts()] if alerts else []
     if not results.vector("energy_total", settings.cluster_label):
         second.append(promql.power_fallback())
-        fetcher.expect(1)
-    fetcher.run(second, expected=True)
+    fetcher.run(second)
 
-    facts = compute(results, settings, window, grid)
+    facts = compute(results, settings, window, grid, spacing)
     label = settings.cluster_label
     if alerts:
         stragglers = inc.stragglers_from_alerts(results, grid, label)
     else:
-        ranks = {key: job.max_gpus for key, job in facts.jobs.items()}
-        stragglers = inc.stragglers_from_scores(results, grid, label, settings.thresholds.straggler_min_buckets,
-                                                ranks)
+        t = settings.thresholds
+        stragglers = inc.stragglers_from_arrivals(results, grid, label, t.straggler_excess, t.straggler_min_buckets)
     hardware = inc.hardware(results, grid, label)
     _details(fetcher, promql, facts, stragglers, hardware, with_cause=not alerts)
     lemons = inc.lemons(stragglers + hardware, settings.thresholds.lemon_occasions)
@@ -112,7 +110,8 @@ def _method(alerts: bool, grid: Grid, settings: ReportSettings) -> str:
                 "incident.")
     return (f"This Prometheus holds no FlopWatchStraggler alerts for the window (a backfilled history has none), so "
             f"the straggler score was evaluated over the raw counters: a rank that reached the gradient collective "
-            f"at least {100 * t.straggler_excess:.0f}% later per step than its job's median rank, in "
+            f"at least {100 * t.straggler_excess:.0f}% (or 5 robust sigmas of its job's ranks, if more) later per "
+            f"step than its job's median rank, in jobs of at least 8 ranks, in "
             f"{format_duration(grid.step)} buckets, for at least {t.straggler_min_buckets} buckets. Each cause is "
             "read from the GPU's and node's telemetry over the incident (clock-event reasons, PCIe width, NVLink "
             "and InfiniBand errors, host CPU, data-loading time).")

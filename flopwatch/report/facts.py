@@ -1,12 +1,15 @@
 """The numbers behind the report, per cluster and per job, from the query results.
 
-Time-weighted quantities (GPU-hours, allocated peak FLOP-seconds, telemetry MFU) are sums over
-the grid's buckets of each bucket's value times its length; counters (FLOPs, tokens, energy,
-phase seconds) are increases over the whole window. Ratios are formed last, from those sums.
+GPU-hours and the MFU denominator (allocated GPUs x peak FLOP/s x time) are sample counts over the
+whole window times the sample spacing, exact whatever the grid; counters (FLOPs, tokens, energy,
+phase seconds) are increases over the whole window. Quantities that need two series at the same
+moment (busy while allocated, telemetry MFU, energy while a job held the GPU) are sums over the
+grid's buckets. Ratios are formed last, from those sums.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -139,6 +142,9 @@ class ClusterFacts:
     idle_energy_j: float | None = None
     tensor: np.ndarray | None = None
     tensor_gpus: np.ndarray | None = None
+    gpu_seconds: float | None = None          # from sample counts; None: from the buckets
+    peak_seconds: float | None = None
+    allocated_seconds: float | None = None
     model_flops: float | None = None
     tokens: float | None = None
     allocated_peak_flop_seconds: float = 0.0
@@ -147,11 +153,12 @@ class ClusterFacts:
 
     @property
     def gpu_hours(self) -> float:
-        return _sum(self.gpus, self.step) / 3600
+        return (self.gpu_seconds if self.gpu_seconds is not None else _sum(self.gpus, self.step)) / 3600
 
     @property
     def allocated_hours(self) -> float:
-        return _sum(self.allocated, self.step) / 3600
+        seconds = self.allocated_seconds if self.allocated_seconds is not None else _sum(self.allocated, self.step)
+        return seconds / 3600
 
     @property
     def busy_hours(self) -> float:
@@ -171,7 +178,7 @@ class ClusterFacts:
 
     @property
     def peak_flop_seconds(self) -> float:
-        return _sum(self.peak, self.step)
+        return self.peak_seconds if self.peak_seconds is not None else _sum(self.peak, self.step)
 
     @property
     def fleet_mfu(self) -> float | None:
@@ -269,8 +276,9 @@ def _series(matrix: dict[tuple[str, ...], np.ndarray], key: tuple[str, ...], n: 
     return matrix.get(key, np.full(n, np.nan))
 
 
-def compute(results: Results, settings: ReportSettings, window: Window, grid: Grid) -> Facts:
-    """Per-cluster and per-job facts from the first batch of query results."""
+def compute(results: Results, settings: ReportSettings, window: Window, grid: Grid, spacing: float) -> Facts:
+    """Per-cluster and per-job facts from the first batch of query results; `spacing` is the
+    seconds between samples (sample counts x spacing = seconds)."""
     n, step = grid.n, grid.step
     m = results.matrix
     label = settings.cluster_label
@@ -290,15 +298,19 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
     steps_total = results.vector("steps_total", label, "job_id")
     phases_total = results.vector("phases_total", label, "job_id", "phase")
     checkpoint_total = results.vector("checkpoint_total", label, "job_id")
+    gpu_samples = results.vector("gpu_samples", label)
+    peak_samples = results.vector("peak_samples", label)
+    alloc_samples = results.vector("alloc_samples", label, "job_id", "user")
+    job_peak_samples = results.vector("job_peak_samples", label, "job_id")
 
     job_gpus = m("job_gpus", grid, label, "job_id", "user")
     job_busy = m("job_busy", grid, label, "job_id")
-    job_peak = m("job_peak", grid, label, "job_id")
     job_flops = m("job_flops", grid, label, "job_id")
     job_tensor = m("job_tensor", grid, label, "job_id")
     job_tensor_gpus = m("job_tensor_gpus", grid, label, "job_id")
     job_energy = m("job_energy", grid, label, "job_id")
-    wait = m("straggler_wait", grid, label, "job_id")
+    wait = straggler_wait(m("straggler_arrivals", grid, label, "job_id", "rank", "node", "gpu"),
+                          m("job_steps", grid, label, "job_id"))
 
     jobs: dict[tuple[str, str], JobFacts] = {}
     for (cluster, job_id, user), series in job_gpus.items():
@@ -314,11 +326,20 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
             first, last = float(grid.times[held[0]] - step), float(grid.times[held[-1]])
             job.first = first if job.first is None else min(job.first, first)
             job.last = last if job.last is None else max(job.last, last)
+    if alloc_samples:  # sample counts replace the buckets' estimate
+        for job in jobs.values():
+            job.gpu_seconds = 0.0
+        for (cluster, job_id, user), samples in alloc_samples.items():
+            job = jobs.get((cluster, job_id))
+            if job is None:  # held GPUs only between the grid's points
+                job = jobs[(cluster, job_id)] = JobFacts(cluster, job_id, user, settings.teams.get(user, ""))
+                job.gpus_series = np.zeros(n)
+            job.gpu_seconds += samples * spacing
     for job in jobs.values():
         key = (job.cluster, job.job_id)
-        job.max_gpus = int(np.nanmax(job.gpus_series)) if job.gpus_series is not None else 0
-        job.busy_gpu_seconds = _sum(job_busy.get(key), step)
-        job.peak_flop_seconds = _sum(job_peak.get(key), step)
+        job.max_gpus = int(np.nanmax(job.gpus_series)) if job.gpus_series is not None and job.gpus_series.size else 0
+        job.busy_gpu_seconds = min(_sum(job_busy.get(key), step), job.gpu_seconds)
+        job.peak_flop_seconds = job_peak_samples.get(key, 0.0) * spacing
         job.tensor_gpu_seconds = _sum(job_tensor.get(key), step)
         job.tensor_cover_seconds = _sum(job_tensor_gpus.get(key), step)
         if key in job_energy:  # increases per bucket: joules already
@@ -336,14 +357,16 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
         job.steps = steps_total.get(key)
         job.phases = {phase: value for (c, j, phase), value in phases_total.items() if (c, j) == key}
         job.checkpoint_s = checkpoint_total.get(key, 0.0)
-        job.straggler_wait_s = float(np.nansum(wait[key])) if key in wait else 0.0  # rank-seconds per bucket
-        job.flops_series, job.peak_series = job_flops.get(key), job_peak.get(key)
+        job.straggler_wait_s = wait.get(key, 0.0)
+        job.flops_series = job_flops.get(key)
+        if job.gpus_series is not None and job.gpu_seconds:  # the job's GPUs x their mean peak
+            job.peak_series = job.gpus_series * (job.peak_flop_seconds / job.gpu_seconds)
         if job.flops_series is not None and job.peak_series is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
                 job.mfu_series = np.where(job.peak_series > 0, job.flops_series / (job.peak_series * step), np.nan)
 
     clusters: dict[str, ClusterFacts] = {}
-    names = sorted({k[0] for k in (*gpus, *allocated, *energy_total, *power_avg)}
+    names = sorted({k[0] for k in (*gpus, *allocated, *energy_total, *power_avg, *gpu_samples)}
                    | {j.cluster for j in jobs.values()} | {c for c, _ in unattributed})
     for name in names:
         key = (name,)
@@ -352,6 +375,12 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
             _series(peak, key, n), energy_series=energy.get(key), tensor=tensor.get(key),
             tensor_gpus=tensor_gpus.get(key),
         )
+        if key in gpu_samples:
+            cf.gpu_seconds = gpu_samples[key] * spacing
+        if key in peak_samples:
+            cf.peak_seconds = peak_samples[key] * spacing
+        if alloc_samples:
+            cf.allocated_seconds = sum(v for k, v in alloc_samples.items() if k[0] == name) * spacing
         if key in energy_total:
             cf.energy_j = energy_total[key]
         elif key in power_avg:
@@ -370,34 +399,53 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
         cf.allocated_busy_seconds = sum(j.busy_gpu_seconds for j in members)
         clusters[name] = cf
 
-    return Facts(window, grid, clusters, jobs, previous(results, settings, window, grid), unattributed)
+    return Facts(window, grid, clusters, jobs, previous(results, settings, window, grid, spacing), unattributed)
 
 
-def previous(results: Results, settings: ReportSettings, window: Window, grid: Grid) -> Previous:
-    """The week before, from the prev_* queries (all None when they did not run or found nothing)."""
+def straggler_wait(arrivals: dict[tuple[str, ...], np.ndarray],
+                   steps: dict[tuple[str, ...], np.ndarray]) -> dict[tuple[str, str], float]:
+    """Rank-seconds each job's ranks waited for their slowest rank: per bucket, (slowest rank's
+    arrival - mean rank's) per step x ranks x steps. In synchronous training every rank's comm wait
+    is the slowest arrival minus its own, so this is the rules' mean-minus-minimum comm wait."""
+    by_job: dict[tuple[str, str], list[np.ndarray]] = {}
+    for key, values in arrivals.items():
+        by_job.setdefault((key[0], key[1]), []).append(values)
+    out = {}
+    for job, rows in by_job.items():
+        stack = np.vstack(rows)
+        ranks = np.isfinite(stack).sum(axis=0)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # buckets where no rank stepped
+            per_step = np.nanmax(stack, axis=0) - np.nanmean(stack, axis=0)
+        job_steps = steps.get(job, np.full(stack.shape[1], np.nan))
+        out[job] = float(np.nansum(per_step * ranks * job_steps))
+    return out
+
+
+def previous(results: Results, settings: ReportSettings, window: Window, grid: Grid, spacing: float) -> Previous:
+    """The window before, from the prev_* queries (all None when they did not run or found nothing)."""
     prev = window.previous()
-    prev_grid = Grid(prev.end, grid.step, grid.n)
     label = settings.cluster_label
-
-    def hours(name: str) -> float | None:
-        matrix = results.matrix(name, prev_grid, label)
-        if not matrix:
-            return None
-        return sum(_sum(v, grid.step) for v in matrix.values()) / 3600
 
     def total(name: str) -> float | None:
         values = results.vector(name, label)
         return float(sum(values.values())) if values else None
 
-    gpu_hours = hours("prev_gpus")
-    if gpu_hours is None and total("prev_flops_total") is None:
-        return Previous()
-    peak_seconds = (hours("prev_peak") or 0.0) * 3600
-    job_peak_seconds = (hours("prev_job_peak") or 0.0) * 3600
+    def hours(name: str) -> float | None:
+        samples = total(name)
+        return samples * spacing / 3600 if samples is not None else None
+
+    gpu_hours = hours("prev_gpu_samples")
     flops = total("prev_flops_total")
+    if gpu_hours is None and flops is None:
+        return Previous()
+    busy = results.matrix("prev_busy", Grid(prev.end, grid.step, grid.n), label)
+    peak_seconds = (total("prev_peak_samples") or 0.0) * spacing
+    job_peak_seconds = (total("prev_job_peak_samples") or 0.0) * spacing
     energy = total("prev_energy_total")
     return Previous(
-        gpu_hours=gpu_hours, allocated_hours=hours("prev_allocated"), busy_hours=hours("prev_busy"),
+        gpu_hours=gpu_hours, allocated_hours=hours("prev_alloc_samples"),
+        busy_hours=sum(_sum(v, grid.step) for v in busy.values()) / 3600 if busy else None,
         fleet_mfu=_ratio(flops, peak_seconds), allocated_mfu=_ratio(flops, job_peak_seconds),
         energy_kwh=energy / JOULES_PER_KWH if energy is not None else None, tokens=total("prev_tokens_total"),
     )

@@ -40,6 +40,7 @@ class Outcome:
 @dataclass
 class Results:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
+    _matrices: dict[tuple[object, ...], dict[tuple[str, ...], np.ndarray]] = field(default_factory=dict, repr=False)
 
     def get(self, name: str) -> Outcome | None:
         return self.outcomes.get(name)
@@ -60,10 +61,13 @@ class Results:
         return values[0] if values else None
 
     def matrix(self, name: str, grid: Grid, *keys: str) -> dict[tuple[str, ...], np.ndarray]:
-        """A range result on `grid` (n points, NaN where absent), keyed by label values."""
+        """A range result on `grid` (n points, NaN where absent), keyed by label values (parsed once)."""
         outcome = self.outcomes.get(name)
         if outcome is None or not outcome.ok:
             return {}
+        cached = self._matrices.get((name, grid, keys))
+        if cached is not None:
+            return cached
         start = outcome.query.start if outcome.query.start is not None else grid.first
         step = outcome.query.step or grid.step
         n = round((grid.end - start) / step) + 1
@@ -77,6 +81,7 @@ class Results:
                     values[i] = float(v)
             previous = out.get(key)
             out[key] = values if previous is None else np.fmax(previous, values)
+        self._matrices[(name, grid, keys)] = out
         return out
 
 

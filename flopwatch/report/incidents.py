@@ -15,6 +15,7 @@ error bursts (> 120/h) and link-downs, PCIe links below their maximum width.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,20 +85,42 @@ def _span(grid: Grid, first: int, last: int) -> tuple[float, float]:
 
 
 # -- stragglers -----------------------------------------------------------------------------------
-def stragglers_from_scores(results: Results, grid: Grid, label: str, min_buckets: int,
-                           job_ranks: dict[tuple[str, str], int]) -> list[Incident]:
-    """Incidents from the score range query (flagged buckets carry the score)."""
-    matrix = results.matrix("straggler_scores", grid, label, "job_id", "rank", "node", "gpu")
+def scores(arrivals: dict[tuple[str, ...], np.ndarray]) -> dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]]:
+    """Per rank (keys: cluster, job, rank, ...): its arrival over its job's median rank per bucket
+    (NaN where fewer than 8 ranks stepped), and the job's robust spread (1.4826 x MAD) per bucket."""
+    by_job: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+    for key in arrivals:
+        by_job.setdefault((key[0], key[1]), []).append(key)
+    out = {}
+    for keys in by_job.values():
+        stack = np.vstack([arrivals[k] for k in keys])
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # buckets where no rank stepped
+            median = np.nanmedian(stack, axis=0)
+            score = stack / median
+            spread = 1.4826 * np.nanmedian(np.abs(score - 1), axis=0)
+            ranks = np.isfinite(stack).sum(axis=0)
+        for key, row in zip(keys, score, strict=True):
+            out[key] = (np.where(ranks >= 8, row, np.nan), spread)
+    return out
+
+
+def stragglers_from_arrivals(results: Results, grid: Grid, label: str, excess: float,
+                             min_buckets: int) -> list[Incident]:
+    """Incidents where a rank's score exceeds 1 + max(excess, 5 robust sigmas of its job's scores)
+    for at least `min_buckets` buckets, in jobs with at least 8 ranks stepping."""
+    arrivals = results.matrix("straggler_arrivals", grid, label, "job_id", "rank", "node", "gpu")
     found = []
-    for (cluster, job_id, rank, node, gpu), values in matrix.items():
-        if job_ranks.get((cluster, job_id), 0) < 8:
-            continue  # a median of fewer ranks says little
-        for first, last, count in runs(np.isfinite(values)):
+    for (cluster, job_id, rank, node, gpu), (score, spread) in scores(arrivals).items():
+        with np.errstate(invalid="ignore"):
+            flags = score > 1 + np.maximum(excess, 5 * np.nan_to_num(spread))
+        for first, last, count in runs(flags):
             if count < min_buckets:
                 continue
             start, end = _span(grid, first, last)
+            window = score[first:last + 1]
             found.append(Incident("straggler", cluster, node, start, end, [gpu], job_id=job_id, ranks=[rank],
-                                  score=float(np.nanmean(values[first:last + 1])), buckets=count))
+                                  score=float(np.nanmean(window[window > 1 + excess])), buckets=count))
     return merge_node_incidents(found)
 
 

@@ -116,12 +116,6 @@ class Promql:
         r, c = self.r, self.c
         info_on = f"on ({self.by('node', 'gpu')})"
         energy = f"increase({gpu.ENERGY.name}[{r}])"
-        comm = (f"sum by ({self.by('job_id', 'rank')}) (increase({train.PHASE_SECONDS.name}"
-                f"{{phase=\"comm\"}}[{r}]))")
-        steps = f"sum by ({self.by('job_id', 'rank')}) (increase({train.STEPS.name}[{r}]))"
-        per_step = f"{comm} / ({steps} > 0)"
-        wait = (f"(avg by ({self.by('job_id')}) ({per_step}) - min by ({self.by('job_id')}) ({per_step})) "
-                f"* count by ({self.by('job_id')}) ({per_step}) * avg by ({self.by('job_id')}) ({steps})")
         specs = [
             ("gpus", "GPUs reporting", f"count by ({c}) ({self.per_gpu(self.sel(gpu.UP.name))})"),
             ("peak", "fleet peak FLOP/s", f"sum by ({c}) ({self.peak})"),
@@ -131,7 +125,6 @@ class Promql:
             ("job_gpus", "GPUs per job", f"count by ({self.by('job_id', 'user')}) ({self.info('user')})"),
             ("job_busy", "busy GPUs per job",
              f"count by ({self.by('job_id')}) ({self.info()} and {info_on} ({self.busy}))"),
-            ("job_peak", "peak FLOP/s per job", self.join_jobs(self.peak)),
             ("job_flops", "model FLOPs per job",
              f"sum by ({self.by('job_id')}) (increase({train.MODEL_FLOPS.name}[{r}]))"),
             ("job_tensor", "telemetry MFU per job", self.join_jobs(self.tensor_flops)),
@@ -145,7 +138,7 @@ class Promql:
             ("job_energy", "energy per job", self.join_jobs(self.per_gpu(energy))),
             ("idle_energy", "energy of unallocated GPUs",
              f"sum by ({c}) ({self.per_gpu(energy)} unless {info_on} {self.sel(job.GPU_JOB_INFO.name)})"),
-            ("straggler_wait", "straggler wait per job", wait),
+            ("job_steps", "steps per job", f"max by ({self.by('job_id')}) (increase({train.STEPS.name}[{r}]))"),
             ("lost", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}[{r}])')} == 0"),
             ("nvlink_bad", "NVLink error bursts",
              f"sum by ({self.by('node', 'gpu')}) (rate({gpu.NVLINK_ERRORS.name}[{r}])) > {NVLINK_ERRORS_PER_SECOND:g}"),
@@ -181,6 +174,26 @@ class Promql:
             ("flops_total", "model FLOPs", f"sum by ({jobs}) (increase({train.MODEL_FLOPS.name}[{w}]))"),
             ("tokens_total", "tokens", f"sum by ({jobs}) (increase({train.TOKENS.name}[{w}]))"),
         ]
+        gpu_info = f"count_over_time({job.GPU_JOB_INFO.name}[{w}])"
+        peak = (f"max by ({self.by('node', 'gpu')}) (max_over_time({gpu.PEAK_FLOPS.name}"
+                f"{{dtype={q(self.s.dtype)}}}[{w}]))")
+        job_peak = f"{gpu_info} * on ({self.by('node', 'gpu')}) group_left () {peak}"
+        specs += [
+            # sample counts: x the sample spacing = GPU-seconds, peak-FLOP-seconds
+            ("gpu_samples", "GPU samples", f"sum by ({c}) (count_over_time({gpu.UP.name}[{w}]))"),
+            ("peak_samples", "peak FLOP/s samples",
+             f"sum by ({c}) (sum_over_time({gpu.PEAK_FLOPS.name}{{dtype={q(self.s.dtype)}}}[{w}]))"),
+        ]
+        if prefix:
+            specs += [
+                ("alloc_samples", "allocated GPU samples", f"sum by ({c}) ({gpu_info})"),
+                ("job_peak_samples", "allocated peak samples", f"sum by ({c}) ({job_peak})"),
+            ]
+        else:
+            specs += [
+                ("alloc_samples", "allocated GPU samples", f"sum by ({self.by('job_id', 'user')}) ({gpu_info})"),
+                ("job_peak_samples", "allocated peak samples", f"sum by ({jobs}) ({job_peak})"),
+            ]
         if not prefix:
             specs += [
                 ("hw_flops_total", "hardware FLOPs",
@@ -196,27 +209,16 @@ class Promql:
         return [Query(prefix + name, title, expr, "instant", at=at) for name, title, expr in specs]
 
     def previous_range_queries(self, grid: Grid) -> list[Query]:
-        """The week before, for week-over-week deltas: GPU counts and peak only."""
-        c = self.c
-        specs = [
-            ("prev_gpus", "GPUs the week before", f"count by ({c}) ({self.per_gpu(self.sel(gpu.UP.name))})"),
-            ("prev_peak", "peak the week before", f"sum by ({c}) ({self.peak})"),
-            ("prev_busy", "busy GPUs the week before", f"count by ({c}) ({self.busy})"),
-            ("prev_allocated", "allocated GPUs the week before",
-             f"count by ({c}) (max by ({self.by('node', 'gpu')}) ({self.sel(job.GPU_JOB_INFO.name)}))"),
-            ("prev_job_peak", "allocated peak the week before", f"sum by ({c}) ({self.join_jobs(self.peak)})"),
-        ]
-        return [Query(name, title, expr, "range", start=grid.first, end=grid.end, step=grid.step)
-                for name, title, expr in specs]
+        """The window before, for week-over-week deltas: busy GPUs (the rest are instant totals)."""
+        return [Query("prev_busy", "busy GPUs the week before", f"count by ({self.c}) ({self.busy})", "range",
+                      start=grid.first, end=grid.end, step=grid.step)]
 
     # -- second phase ------------------------------------------------------------------------------
-    def straggler_scores(self) -> Query:
-        """Ranks arriving at the collective later than their job's median rank by the threshold."""
-        arrival = self.arrival(self.r)
-        median = f"quantile by ({self.by('job_id')}) (0.5, {arrival})"
-        expr = (f"({arrival}) / on ({self.by('job_id')}) group_left () {median} "
-                f"> {1 + self.s.thresholds.straggler_excess:g}")
-        return Query("straggler_scores", "straggler scores", expr, "range")
+    def straggler_arrivals(self) -> Query:
+        """Each rank's arrival seconds per step per bucket. The report computes from it the job
+        median, the straggler flags and the straggler wait (the slowest rank's arrival minus the
+        mean rank's, the rules' mean-minus-minimum comm wait): one evaluation of the counters."""
+        return Query("straggler_arrivals", "arrival per rank", self.arrival(self.r), "range")
 
     def straggler_alerts(self) -> Query:
         expr = (f"max by ({self.by('job_id', 'rank', 'node', 'gpu', 'cause')}) "

@@ -240,7 +240,8 @@ def mfu(facts: Facts, settings: ReportSettings, errors: dict[str, str]) -> Secti
     if not any(cf.peak_flop_seconds for cf in facts.clusters.values()):
         section.notes.append(f"No {settings.dtype} peak FLOP/s (flopwatch_gpu_peak_dense_flops) in this window: MFU "
                              "needs it (unknown GPU models need gpu.peak_flops in the agent's config).")
-    section.notes += failed_notes(errors, ("job_flops", "job_peak", "job_tensor", "flops_total", "peak"))
+    section.notes += failed_notes(errors, ("job_flops", "job_peak_samples", "job_tensor", "flops_total",
+                                           "peak_samples"))
     return section
 
 
@@ -303,7 +304,7 @@ def goodput(facts: Facts, errors: dict[str, str]) -> Section:
                                     bars=[(cause, lost_by_cause[cause]) for cause in BADPUT_CAUSES]))
     else:
         section.notes.append(NO_TRAINING)
-    section.notes += failed_notes(errors, ("phases_total", "checkpoint_total", "straggler_wait"))
+    section.notes += failed_notes(errors, ("phases_total", "checkpoint_total", "straggler_arrivals", "job_steps"))
     return section
 
 
@@ -326,7 +327,7 @@ def stragglers(incidents: list[Incident], method: str, errors: dict[str, str]) -
     lost = [i.gpu_hours_lost for i in incidents if i.gpu_hours_lost is not None]
     section.figures = [Figure("Incidents", len(incidents), "int"),
                        Figure("GPU-hours lost", sum(lost) if lost else None, "hours", "whole jobs waiting")]
-    section.notes += failed_notes(errors, ("straggler_scores", "straggler_alerts"))
+    section.notes += failed_notes(errors, ("straggler_arrivals", "straggler_alerts"))
     return section
 
 

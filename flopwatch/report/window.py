@@ -1,9 +1,9 @@
 """The span a report covers (`--last 7d` or `--from T --to T`) and the grid its trends sit on.
 
 Times are unix seconds. `--from/--to` take ISO 8601 (a date, or a date and time; no offset means
-UTC), unix seconds, or `now`. The grid divides the window into about a thousand buckets no finer
+UTC), unix seconds, or `now`. The grid divides the window into a few hundred buckets no finer
 than twice the sample spacing, so every bucket holds at least two samples of every series and a
-week of a large cluster is a thousand points per series, not forty thousand.
+week of a large cluster is 336 points per series, not forty thousand.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import numpy as np
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
-#: Buckets per window the grid aims at: about one per 10 minutes for a week.
-TARGET_BUCKETS = 1008
+#: Buckets per window the grid aims at: one per 30 minutes for a week. Trends and straggler
+#: detection live on the grid; GPU-hours, MFU and energy totals do not depend on it.
+TARGET_BUCKETS = 336
 MIN_STEP_S = 60
 
 

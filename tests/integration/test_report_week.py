@@ -69,7 +69,7 @@ def report_series() -> set[str]:
     settings, window = ReportSettings(), Window(0.0, 7 * DAY)
     promql = Promql(settings, window, grid_for(window, STEP), STEP)
     queries = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
-               promql.straggler_scores(), promql.power_fallback(), *probe_queries(settings, window),
+               promql.straggler_arrivals(), promql.power_fallback(), *probe_queries(settings, window),
                promql.straggler_detail("d", "", "j", "0", "n", "0", 0.0, 600.0), promql.gpu_job("o", "", "n", "0", 0)]
     return set(re.findall(r"flopwatch_[a-z0-9_]+", " ".join(q.expr for q in queries))) & supported_names()
 
@@ -190,8 +190,9 @@ def test_straggler_incidents_match_injected_faults(week):
     for fault in faults:
         row = found[(fault["node"], str(fault["gpu"]), fault["job_id"], fault["cause"])]
         began = datetime.fromisoformat(row["start"].replace("Z", "+00:00")).timestamp()
-        assert abs(began - (start + fault["start"])) <= 600, fault
-        assert float(row["duration"]) == pytest.approx(fault["end"] - fault["start"], abs=1200), fault
+        bucket = 1800  # a week in 30-minute buckets: times are known to a bucket
+        assert abs(began - (start + fault["start"])) <= bucket, fault
+        assert float(row["duration"]) == pytest.approx(fault["end"] - fault["start"], abs=2 * bucket), fault
         assert float(row["slowdown"]) == pytest.approx(fault["slowdown"], abs=0.02), fault
         assert float(row["gpu_hours_lost"]) > 0
 
