@@ -113,13 +113,11 @@ def week(tmp_path_factory):
     with Prometheus(remote_write_receiver=True, out_of_order_window="30d",
                     extra_args=["--storage.tsdb.retention.time=10y"]) as prom:
         samples = load_history(fleet, prom.url, 7 * DAY, STEP)
-        started = time.monotonic()
         code = cli.main(["report", "--prometheus", prom.url, "--from", str(int(start)), "--to",
                          str(int(fleet.now_unix)), "--out", str(out), "--price-kwh", "0.12",
                          "--price-gpu-hour", "2.5", "--no-pdf", "--quiet"])
-        seconds = time.monotonic() - started
     assert code == 0
-    return {"out": out, "fleet": fleet, "truth": fleet.truth.as_dict(), "samples": samples, "seconds": seconds}
+    return {"out": out, "fleet": fleet, "truth": fleet.truth.as_dict(), "samples": samples}
 
 
 def test_the_week_reached_prometheus(week):
@@ -236,11 +234,6 @@ def test_report_reads_like_a_report(week):
     html = (week["out"] / "report.html").read_text()
     assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="chart"') >= 4
     assert not re.search(r"<script|<link|<img|<iframe|\b(?:src|href)=\"(?:https?:)?//", html)
-
-
-def test_report_of_a_week_takes_seconds(week):
-    """The query side of the week (~4,600 series, 2,016 samples each) stays far from the minute."""
-    assert week["seconds"] < 60
 
 
 def test_empty_prometheus_gives_a_report_that_says_there_is_no_data(tmp_path, capsys):
