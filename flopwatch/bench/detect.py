@@ -10,7 +10,9 @@ episodes, the MFU the rules recorded and the simulator's truth into the figures 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,10 +80,22 @@ class SuiteReport:
     summary: dict[str, Any]
     rule_files: list[str]
     seconds: float
+    rules_sha256: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary, "rule_files": self.rule_files, "seconds": self.seconds,
-                "scenarios": [score.as_dict() for score in self.scores]}
+        return {"summary": self.summary, "rule_files": self.rule_files, "rules_sha256": self.rules_sha256,
+                "seconds": self.seconds, "scenarios": [score.as_dict() for score in self.scores]}
+
+
+def snapshot_rules(rules_path: str | Path, into: Path) -> tuple[Path, str]:
+    """Copy the rule files into `into`, so a whole suite runs one version of them even while
+    someone edits alerts/; returns the copy and a digest of the contents for the report."""
+    digest = hashlib.sha256()
+    for file in rule_files.rule_files(rules_path):
+        data = file.read_bytes()
+        digest.update(file.name.encode() + b"\0" + data)
+        (into / file.name).write_bytes(data)
+    return into, digest.hexdigest()
 
 
 def run_scenario(scenario: Scenario, rules_path: str | Path, evaluation_interval: float | None = None,
@@ -99,6 +113,14 @@ def run_suite(scenarios: list[Scenario], rules_path: str | Path, *, evaluation_i
     """Every scenario in turn; `progress(fraction of the suite, scenario name)`."""
     started = time.perf_counter()
     files = [str(p) for p in rule_files.rule_files(rules_path)]
+    with tempfile.TemporaryDirectory(prefix="flopwatch-bench-rules-") as tmp:
+        snapshot, digest = snapshot_rules(rules_path, Path(tmp))
+        scores = _run_all(scenarios, snapshot, evaluation_interval, progress, exact)
+    return SuiteReport(scores, summarize(scores), files, time.perf_counter() - started, digest)
+
+
+def _run_all(scenarios: list[Scenario], rules_path: Path, evaluation_interval: float | None,
+             progress: Callable[[float, str], None] | None, exact: bool) -> list[ScenarioScore]:
     total = sum(gpu_ticks(s) for s in scenarios) or 1.0
     done = 0.0
     scores = []
@@ -118,4 +140,4 @@ def run_suite(scenarios: list[Scenario], rules_path: str | Path, *, evaluation_i
             done += weight
     finally:
         quiet.setLevel(level)
-    return SuiteReport(scores, summarize(scores), files, time.perf_counter() - started)
+    return scores
