@@ -16,6 +16,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flopwatch import cli
@@ -248,3 +249,35 @@ def test_empty_prometheus_gives_a_report_that_says_there_is_no_data(tmp_path, ca
     for text in (html, markdown):
         assert "There is no data: this Prometheus holds no FlopWatch series" in text
     assert not list(tmp_path.glob("*.csv"))
+
+
+def test_stragglers_come_from_the_alerts_when_prometheus_has_them(tmp_path):
+    """A day whose Prometheus also holds ALERTS{alertname="FlopWatchStraggler"} series, as its rule
+    evaluation stores them: the incident is the alert's span and carries the alert's cause (here a
+    deliberately different one than the telemetry shows, to tell the two paths apart)."""
+    day = {
+        "name": "alerts-day", "seed": 5, "duration": "1d", "scrape_interval": "300s",
+        "fleet": {"nodes": 4, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 1},
+        "jobs": [{"id": "llm-8b", "nodes": "0-2", "tokens_per_step": 1048576, "target_mfu": 0.4, "model": LLAMA_8B}],
+        "faults": [{"kind": "thermal_throttle", "node": 1, "gpu": 3, "start": "8h", "duration": "2h",
+                    "slowdown": 0.1}],
+    }
+    start = float(int(time.time() // STEP * STEP - DAY))
+    fleet = Fleet(parse(day), start_unix=start)
+    fault = fleet.truth.faults[0]
+    labels = remote_write.sorted_labels("ALERTS", {
+        "alertname": "FlopWatchStraggler", "alertstate": "firing", "job_id": "llm-8b", "rank": str(fault["rank"]),
+        "node": fault["node"], "gpu": str(fault["gpu"]), "cause": "power", "severity": "page"})
+    stamps = np.arange(start + fault["start"] + 60, start + fault["end"], 15.0)
+    alerts = remote_write.encode_request([remote_write.encode_labels(labels)], np.ones((1, stamps.size)),
+                                         np.ones((1, stamps.size), dtype=bool), (stamps * 1000).astype(np.int64))
+    with Prometheus(remote_write_receiver=True, out_of_order_window="30d") as prom:
+        load_history(fleet, prom.url, DAY, STEP)
+        remote_write.post(prom.url + "/api/v1/write", alerts)
+        assert cli.main(["report", "--prometheus", prom.url, "--from", str(int(start)), "--to",
+                         str(int(fleet.now_unix)), "--out", str(tmp_path), "--no-pdf", "--quiet"]) == 0
+    rows = read_csv(tmp_path / "straggler_incidents.csv")
+    assert [(r["job_id"], r["node"], r["gpu"], r["rank"], r["cause"]) for r in rows] == [
+        ("llm-8b", fault["node"], str(fault["gpu"]), str(fault["rank"]), "power")]
+    assert float(rows[0]["slowdown"]) == pytest.approx(fault["slowdown"], abs=0.02)
+    assert "From the FlopWatchStraggler alerts this Prometheus evaluated" in (tmp_path / "report.md").read_text()
