@@ -195,3 +195,21 @@ def test_truth_names_each_fault_culprit():
     assert (first["node"], first["gpu"], first["rank"], first["cause"]) == ("node0002", 5, 21, "hw_slowdown")
     assert (first["start"], first["end"]) == (120, 180)
     assert (second["device"], second["cause"], second["job_id"]) == ("mlx5_4", "nic", "j")
+
+
+def test_host_cpu_contention_shows_in_host_cpu_series():
+    fleet = Fleet(scenario(faults=[{"kind": "host_cpu_contention", "node": 2, "start": "1m"}]))
+    agents = {i: SimNodeAgent(fleet, fleet.nodes[i]) for i in (1, 2)}
+    before = {i: exposition_values(a) for i, a in agents.items()}
+    while fleet.t < 180:
+        fleet.advance(5)
+    after = {i: exposition_values(a) for i, a in agents.items()}
+
+    def busy_fraction(i):
+        key = ("flopwatch_host_cpu_seconds_total", tuple(sorted(
+            {"node": f"node000{i}", "numa_node": "0", "mode": "busy"}.items())))
+        cpus = after[i][("flopwatch_host_cpus", (("node", f"node000{i}"), ("numa_node", "0")))]
+        return (after[i][key] - before[i][key]) / (fleet.t * cpus)
+
+    assert busy_fraction(2) > 0.6
+    assert busy_fraction(1) < 0.2

@@ -105,3 +105,11 @@ def test_cli_scenario_error_is_one_line_exit_2(tmp_path):
     assert len(lines) == 1, result.stderr
     assert "faults[0].kind: unknown fault kind 'meteor_strike'" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_checkpoints_must_be_shorter_than_their_period():
+    job = {**BASE["jobs"][0], "checkpoint_every": "1m", "checkpoint_seconds": "2m"}
+    with pytest.raises(ScenarioError, match=r"jobs\[0\]\.checkpoint_seconds: must be shorter"):
+        parse(with_change("jobs", [job]))
+    job["checkpoint_every"] = 0
+    assert parse(with_change("jobs", [job])).jobs[0].checkpoint_every == float("inf")

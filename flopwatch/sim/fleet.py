@@ -77,6 +77,20 @@ class SimNode:
     nics: list[SimulatedNic]
     job_id: str | None = None
     host_cpu_busy: float = 0.05
+    numa_nodes: int = 2
+    cpus_per_numa: int = 56
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: {"busy": 0.0, "idle": 0.0, "iowait": 0.0,
+                                                                   "steal": 0.0})
+    cpu_pressure_some_s: float = 0.0
+
+    def advance_host(self, dt: float) -> None:
+        """CPU time by mode over all cores, and PSI cpu stall once the cores are saturated."""
+        total = self.numa_nodes * self.cpus_per_numa * dt
+        busy = min(1.0, self.host_cpu_busy)
+        self.cpu_seconds["busy"] += busy * total
+        self.cpu_seconds["iowait"] += 0.005 * total
+        self.cpu_seconds["idle"] += max(0.0, 1 - busy - 0.005) * total
+        self.cpu_pressure_some_s += dt * min(1.0, max(0.0, busy - 0.85) * 6)
 
 
 @dataclass
@@ -143,6 +157,7 @@ class Fleet:
                 gpu.advance(dt)
             for nic in node.nics:
                 nic.advance(dt)
+            node.advance_host(dt)
         busy_gpus = sum(1 for n in self.nodes if n.job_id for _ in n.gpus)
         self.truth.gpu_hours += busy_gpus * dt / 3600
         self.truth.energy_joules += sum(g.power_watts for n in self.nodes for g in n.gpus) * dt

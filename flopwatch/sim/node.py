@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric as Family
 
+from flopwatch.catalog import host as host_metrics
 from flopwatch.catalog import job as job_metrics
 from flopwatch.catalog import nic as nic_metrics
 from flopwatch.catalog import train as train_metrics
@@ -124,6 +125,29 @@ class SimNicCollector(_NodeCollector):
         return self.blocks().families()
 
 
+class SimHostCollector(_NodeCollector):
+    """What the host collector exports for this node (flopwatch/catalog/host.py): two NUMA nodes."""
+
+    name = "host"
+
+    def blocks(self) -> Blocks:
+        m = host_metrics
+        node = self.node
+        out = Blocks(node.name)
+        for numa in range(node.numa_nodes):
+            for mode, seconds in node.cpu_seconds.items():
+                out.add(m.CPU_SECONDS, (str(numa), mode), seconds / node.numa_nodes)
+            out.add(m.CPUS, (str(numa),), node.cpus_per_numa)
+        out.add(m.MEMORY_TOTAL, (), 2 * 2**40)
+        out.add(m.MEMORY_AVAILABLE, (), 2 * 2**40 * (0.35 if node.job_id else 0.95))
+        out.add(m.PRESSURE_STALLED, ("cpu", "some"), node.cpu_pressure_some_s)
+        out.add(m.GPU_PROCESSES, (), len(node.gpus) if node.job_id else 0)
+        return out
+
+    def collect(self) -> Iterator[Family]:
+        return self.blocks().families()
+
+
 class SimJobCollector(_NodeCollector):
     """What attribution exports while a job holds this node's GPUs (flopwatch/catalog/job.py)."""
 
@@ -148,7 +172,8 @@ class SimNodeAgent:
         backend = SimBackend(node.gpus, self_advancing=False, nvlink_per_link=nvlink_per_link)
         gpu = GpuCollector(backend, node.name, options, len(node.gpus), threaded=False, clock=lambda: fleet.t)
         self.agent = Agent(node.name, [gpu, SimTrainCollector(fleet, node), SimNicCollector(fleet, node),
-                                       SimJobCollector(fleet, node)], backend_name="sim")
+                                       SimHostCollector(fleet, node), SimJobCollector(fleet, node)],
+                           backend_name="sim")
 
     def render(self) -> bytes:
         self.agent.collect_once()

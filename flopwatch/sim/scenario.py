@@ -283,12 +283,19 @@ def _job(data: Any, where: str, fleet: FleetSpec, duration: float) -> JobSpec:
         raise ScenarioError(f"{where}.end: must come after start")
     if start >= duration:
         raise ScenarioError(f"{where}.start: the job would start after the scenario ends")
+    checkpoint_every = r.duration("checkpoint_every", 1800.0)
+    checkpoint_seconds = r.duration("checkpoint_seconds", 20.0)
+    if checkpoint_every == 0:
+        checkpoint_every = float("inf")  # 0: never checkpoint
+    elif checkpoint_seconds >= checkpoint_every:
+        raise ScenarioError(f"{where}.checkpoint_seconds: must be shorter than checkpoint_every "
+                            "(0 turns checkpoints off)")
     return JobSpec(
         id=r.text("id"), nodes=parse_index_set(r.raw("nodes"), f"{where}.nodes", fleet.nodes), model=shape,
         tokens_per_step=r.number("tokens_per_step", 1, 1e12), target_mfu=r.number("target_mfu", 0.01, 0.9),
         step_jitter=r.number("step_jitter", 0, 0.5, 0.02), start=start, end=end,
-        user=r.text("user", "ml-team"), checkpoint_every=r.duration("checkpoint_every", 1800.0),
-        checkpoint_seconds=r.duration("checkpoint_seconds", 20.0),
+        user=r.text("user", "ml-team"), checkpoint_every=checkpoint_every,
+        checkpoint_seconds=checkpoint_seconds,
         recompute=bool(r.raw("recompute", False)),
     )
 
