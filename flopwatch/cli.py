@@ -49,10 +49,11 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     from flopwatch.commands import demo
 
     parser = sub.add_parser(
-        "demo", help="run a simulated GPU node with a real Prometheus and show live figures",
-        description="Start the agent on simulated GPUs, a real Prometheus (Debian package) scraping it "
-        "on a free loopback port, and print live per-GPU figures from PromQL. Ctrl-C stops "
-        "everything.",
+        "demo", help="the main job: a simulated fleet, real Prometheus and Alertmanager, live MFU and pages",
+        description="Simulate a fleet (16 nodes x 8 H100s, two jobs), serve it to a real Prometheus with "
+        "FlopWatch's rules and a real Alertmanager paging a local webhook, all on free loopback ports, and "
+        "show live MFU, busy GPUs, stragglers and pages; about a minute in a thermal straggler is "
+        "injected. Ctrl-C or the end of --duration stops everything.",
     )
     demo.add_arguments(parser)
     parser.set_defaults(handler=demo.run)
