@@ -244,13 +244,14 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
             missed = last[("prometheus_rule_group_iterations_missed_total", group)] - \
                 first[("prometheus_rule_group_iterations_missed_total", group)]
             seen = rules["durations"].get(group) or [0.0]
+            # iterations_total counts every scheduled iteration, the missed ones included
             groups[group] = {"interval_s": value, "rules": last[("prometheus_rule_group_rules", group)],
-                             "iterations": done, "missed": missed, "nominal": rules["wall"] / value,
+                             "iterations_run": done - missed, "missed": missed, "nominal": rules["wall"] / value,
                              "duration_mean_s": statistics.mean(seen), "duration_max_s": max(seen)}
         gpus = nodes * fleet.scenario.fleet.gpus_per_node
         cpu_scrape = scrape_only["cpu"] / scrape_only["wall"]
         cpu_rules_window = rules["cpu"] / rules["wall"]
-        done_share = sum(g["iterations"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
+        done_share = sum(g["iterations_run"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
         rule_cores = max(0.0, cpu_rules_window - cpu_scrape) / max(done_share, 1e-9)
 
         def appended(window: dict[str, object]) -> float:
