@@ -18,7 +18,10 @@ before the load starts; the soak's p99 is reported as a ratio to it. Issue 9's t
 failed scrapes, p99 reported, RSS growth under 5% after warm-up.
 
     .venv/bin/python -m bench.soak [--duration 60] [--warmup 20] [--scrapers 100]
-        [--events-per-s 20000] [--ranks 64] [--json OUT]
+        [--events-per-s 20000] [--ranks 64] [--agent-nice -5] [--json OUT]
+
+`--agent-nice -5` gives the agent the priority deploy/systemd/flopwatch-agent.service gives it
+(`Nice=-5`): on a machine shared with other work, that is what decides how much CPU it gets.
 
 The issue's run is `--duration 600 --warmup 60`.
 """
@@ -66,8 +69,9 @@ def send_events(path: str, rate: float, ranks: int, duration: float, start_at: f
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.settimeout(2.0)
     sock.connect(path)
-    sent = timeouts = 0
+    sent = timeouts = queue_full = 0
     max_lag = 0.0
+    cpu_start = time.process_time()
     while time.time() < start_at:
         time.sleep(0.001)
     began = time.monotonic()
@@ -88,7 +92,11 @@ def send_events(path: str, rate: float, ranks: int, duration: float, start_at: f
                 n * 0.01, n * 0.06, n * 0.02, n * 0.01, 0.0, 1e12, 0.0,
             ) + job
             try:
-                sock.send(datagram)
+                try:
+                    sock.send(datagram, socket.MSG_DONTWAIT)
+                except BlockingIOError:   # the agent's queue is full: wait for its reader
+                    queue_full += 1
+                    sock.send(datagram)
                 sent += 1
             except TimeoutError:
                 timeouts += 1
@@ -97,7 +105,7 @@ def send_events(path: str, rate: float, ranks: int, duration: float, start_at: f
         next_tick = began + (int(elapsed / TICK_S) + 1) * TICK_S
         time.sleep(max(0.0, next_tick - time.monotonic()))
     results.put({"sent": sent, "timeouts": timeouts, "seconds": time.monotonic() - began,
-                 "max_lag_s": max_lag})
+                 "max_lag_s": max_lag, "queue_full": queue_full, "cpu_s": time.process_time() - cpu_start})
 
 
 # -- scrapers --------------------------------------------------------------------------------------
@@ -178,6 +186,9 @@ class Figures:
     events_sent_per_s: float
     sender_max_lag_s: float
     sender_timeouts: int
+    sender_queue_full: int
+    sender_cpu_percent: float
+    bench_cpu_percent: float
     events_accepted: int
     events_rejected: dict[str, int]
     rss_warm_mib: float
@@ -185,6 +196,7 @@ class Figures:
     rss_max_mib: float
     rss_growth: float
     agent_cpu_percent: float
+    agent_nice: int
     load_start: str
     load_end: str
 
@@ -241,7 +253,8 @@ def _load() -> str:
     return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def run(duration: float, warmup: float, scrapers: int, interval: float, rate: float, ranks: int) -> Figures:
+def run(duration: float, warmup: float, scrapers: int, interval: float, rate: float, ranks: int,
+        nice: int | None = None) -> Figures:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_start = _load()
     directory = Path(tempfile.mkdtemp(prefix="flopwatch-soak-"))
@@ -250,6 +263,10 @@ def run(duration: float, warmup: float, scrapers: int, interval: float, rate: fl
     with AgentProcess(node="soak-node", gpus=8, interval=1.0, extra=extra) as agent:
         assert agent.proc is not None
         process = psutil.Process(agent.proc.pid)
+        if nice is not None:
+            for thread in process.threads():   # Linux: niceness is per thread
+                os.setpriority(os.PRIO_PROCESS, thread.id, nice)
+        agent_nice = process.nice()
         time.sleep(2.5)
         reference = _reference(agent.port, REFERENCE_SCRAPES)
         exposition = len(urllib.request.urlopen(agent.url + "/metrics", timeout=10).read())
@@ -279,7 +296,9 @@ def run(duration: float, warmup: float, scrapers: int, interval: float, rate: fl
 
         sampler = threading.Thread(target=sample, name="rss", daemon=True)
         sampler.start()
+        bench_cpu = time.process_time()
         stats = asyncio.run(_scrape_all(agent.port, scrapers, interval, until))
+        bench_cpu = time.process_time() - bench_cpu
         stop_sampling.set()
         sampler.join()
         sent = results.get(timeout=60)
@@ -301,13 +320,14 @@ def run(duration: float, warmup: float, scrapers: int, interval: float, rate: fl
         p50_ms=_quantile(stats.latencies, 0.5) * 1e3, p99_ms=p99 * 1e3, max_ms=max(stats.latencies, default=0) * 1e3,
         p99_ratio=p99 / reference_p99,
         events_target_per_s=rate, events_sent=sent["sent"], events_sent_per_s=sent["sent"] / sent["seconds"],
-        sender_max_lag_s=sent["max_lag_s"], sender_timeouts=sent["timeouts"],
+        sender_max_lag_s=sent["max_lag_s"], sender_timeouts=sent["timeouts"], sender_queue_full=sent["queue_full"],
+        sender_cpu_percent=100 * sent["cpu_s"] / sent["seconds"], bench_cpu_percent=100 * bench_cpu / duration,
         events_accepted=accepted - accepted_before,
         events_rejected={k: n for k, v in rejected.items() if (n := v - rejected_before.get(k, 0))},
         rss_warm_mib=rss_warm / 2**20, rss_end_mib=rss_end / 2**20,
         rss_max_mib=max(rss for _, rss in rss_samples) / 2**20, rss_growth=(rss_end - rss_warm) / rss_warm,
         agent_cpu_percent=100 * (cpu[-1] - cpu[0]) / duration if len(cpu) == 2 else float("nan"),
-        load_start=load_start, load_end=_load(),
+        agent_nice=agent_nice, load_start=load_start, load_end=_load(),
     )
 
 
@@ -333,7 +353,10 @@ def table(f: Figures) -> str:
         f"{f.events_rejected or ''} | all accepted |",
         f"| agent RSS after warm-up / end / max | {f.rss_warm_mib:.1f} / {f.rss_end_mib:.1f} / {f.rss_max_mib:.1f} MiB "
         f"(**{f.rss_growth:+.1%}**) | < 5% growth: {verdict_rss} |",
-        f"| agent CPU | {f.agent_cpu_percent:.0f}% of one core | |",
+        f"| agent CPU (nice {f.agent_nice}) | {f.agent_cpu_percent:.0f}% of one core | |",
+        f"| sender: CPU / sends that found the agent's queue full | {f.sender_cpu_percent:.0f}% of one core / "
+        f"{f.sender_queue_full:,} | |",
+        f"| scrapers (this process) CPU | {f.bench_cpu_percent:.0f}% of one core | |",
         f"| exposition | {f.exposition_bytes:,} bytes; {f.scrapers} scrapers every {f.scrape_interval_s:g} s | |",
     ])
 
@@ -346,6 +369,7 @@ def main() -> int:
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--events-per-s", type=float, default=20_000.0)
     parser.add_argument("--ranks", type=int, default=64, help="ranks sending (each under the intake's 1,000/s limit)")
+    parser.add_argument("--agent-nice", type=int, metavar="N", help="renice the agent (the systemd unit: -5)")
     parser.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
     args = parser.parse_args()
     if args.warmup >= args.duration:
@@ -353,7 +377,8 @@ def main() -> int:
     if args.events_per_s / args.ranks > 900:
         parser.error("more than 900 events/s per rank trips the intake's per-rank flood guard: raise --ranks")
     try:
-        figures = run(args.duration, args.warmup, args.scrapers, args.scrape_interval, args.events_per_s, args.ranks)
+        figures = run(args.duration, args.warmup, args.scrapers, args.scrape_interval, args.events_per_s, args.ranks,
+                      args.agent_nice)
     except (MissingBinary, ServerError) as error:
         print(f"bench.soak: {error}", file=sys.stderr)
         return 1
