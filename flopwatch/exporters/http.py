@@ -5,8 +5,10 @@ microseconds per request with keep-alive. It accepts GET and HEAD, bounds reques
 time, answers malformed requests with 400/405/431 and counts every answer by status code.
 
 With an `Access` (the agent's web config, flopwatch/exporters/webconfig.py) each connection is
-upgraded to TLS before its first request, failed handshakes are counted by reason, and every
-request's credentials are checked before routing (401 with WWW-Authenticate when they are wrong).
+upgraded to TLS before its first request, and every request's credentials are checked before
+routing (401 with WWW-Authenticate when they are wrong). The upgrade is done per connection with
+`start_tls` rather than by handing the context to `start_server`, so that a refused handshake
+reaches this code and is counted by reason, and a rotated certificate reaches the next connection.
 """
 
 from __future__ import annotations
