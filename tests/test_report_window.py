@@ -56,15 +56,15 @@ def test_durations():
 def test_grid_has_a_few_hundred_buckets_of_whole_minutes():
     week = Window(NOW - 7 * 86400, NOW)
     grid = grid_for(week, spacing=15)
-    assert grid.step == 1800 and grid.n == 336
-    assert grid.end == NOW and grid.first == NOW - 335 * 1800
+    assert grid.step == 3600 and grid.n == 168
+    assert grid.end == NOW and grid.first == NOW - 167 * 3600
     assert grid.covered_start == week.start
-    assert grid.index(grid.first + 1800) == 1
+    assert grid.index(grid.first + 3600) == 1
 
 
 def test_grid_buckets_hold_at_least_two_samples():
     day = Window(NOW - 86400, NOW)
-    assert grid_for(day, spacing=15).step == 300          # 86400 / 336 = 257 s, rounded up to minutes
+    assert grid_for(day, spacing=15).step == 540          # 86400 / 168 = 514 s, rounded up to minutes
     assert grid_for(day, spacing=600).step == 1200        # 10-minute scrapes: 20-minute buckets
     odd = grid_for(Window(NOW - 100_000, NOW), spacing=None)
     assert odd.n * odd.step >= 100_000 > (odd.n - 1) * odd.step

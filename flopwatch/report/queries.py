@@ -91,11 +91,10 @@ class Promql:
 
     @property
     def tensor_flops(self) -> str:
-        """Per GPU: tensor-pipe activity x SM clock / max clock (telemetry-only MFU, OFU)."""
-        on = f"on ({self.by('node', 'gpu')})"
-        return (f"{self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{self.r}])')} * {on} "
-                f"{self.per_gpu(f'avg_over_time({gpu.SM_CLOCK.name}[{self.r}])')} / {on} "
-                f"{self.per_gpu(self.sel(gpu.SM_CLOCK_MAX.name))}")
+        """Per GPU: tensor-pipe activity x SM clock / max clock (telemetry-only MFU, OFU). The three
+        series of one GPU carry the same labels, so they match one to one without aggregating."""
+        return self.per_gpu(f"avg_over_time({gpu.TENSOR_ACTIVE.name}[{self.r}]) * "
+                            f"avg_over_time({gpu.SM_CLOCK.name}[{self.r}]) / {self.sel(gpu.SM_CLOCK_MAX.name)}")
 
     def join_jobs(self, per_gpu_expr: str, *extra: str) -> str:
         """A per-GPU value summed over each job's GPUs."""
@@ -148,8 +147,7 @@ class Promql:
             ("ib_down", "InfiniBand links down",
              f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}[{r}])) > 0"),
             ("pcie_bad", "PCIe downgrades",
-             f"{self.per_gpu(f'min_over_time({gpu.PCIE_WIDTH.name}[{r}])')} < on ({self.by('node', 'gpu')}) "
-             f"{self.per_gpu(self.sel(gpu.PCIE_MAX_WIDTH.name))}"),
+             self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}[{r}]) < {self.sel(gpu.PCIE_MAX_WIDTH.name)}")),
         ]
         return [Query(name, title, expr, "range") for name, title, expr in specs]
 

@@ -10,7 +10,7 @@ recommendations are written from. Defaults < `--config FILE` (YAML) < flags.
     teams: {alice: llm, bob: llm, carol: vision}
     top_jobs_in_charts: 5      # jobs drawn in the MFU chart
     thresholds: {low_mfu: 0.30, min_gpu_hours: 100, idle_share: 0.20, goodput_low: 0.90,
-                 lemon_occasions: 2, straggler_excess: 0.03, straggler_min_buckets: 2,
+                 lemon_occasions: 2, straggler_excess: 0.03, straggler_min_buckets: 1,
                  busy_utilization: 0.10}
 """
 
@@ -39,7 +39,7 @@ class Thresholds:
     goodput_low: float = 0.90         # jobs below this goodput get their largest badput named
     lemon_occasions: int = 2          # separate incident occasions that make a node a lemon
     straggler_excess: float = 0.03    # a rank this much slower than its job's median is straggling
-    straggler_min_buckets: int = 2    # ... for at least this many buckets (score path only)
+    straggler_min_buckets: int = 1    # ... for at least this many buckets (score path only)
     busy_utilization: float = 0.10    # a GPU counts as busy at this utilization (as the rules do)
 
 

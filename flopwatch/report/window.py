@@ -3,7 +3,7 @@
 Times are unix seconds. `--from/--to` take ISO 8601 (a date, or a date and time; no offset means
 UTC), unix seconds, or `now`. The grid divides the window into a few hundred buckets no finer
 than twice the sample spacing, so every bucket holds at least two samples of every series and a
-week of a large cluster is 336 points per series, not forty thousand.
+week of a large cluster is 168 points per series, not forty thousand.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import numpy as np
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
-#: Buckets per window the grid aims at: one per 30 minutes for a week. Trends and straggler
-#: detection live on the grid; GPU-hours, MFU and energy totals do not depend on it.
-TARGET_BUCKETS = 336
+#: Buckets per window the grid aims at: one an hour for a week. Trends and straggler detection
+#: live on the grid; GPU-hours, MFU and energy totals do not depend on it. Each range query costs
+#: Prometheus one evaluation per bucket, so this is the report's main cost lever.
+TARGET_BUCKETS = 168
 MIN_STEP_S = 60
 
 
