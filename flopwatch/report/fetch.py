@@ -8,7 +8,7 @@ Range results are laid on the report's grid as numpy arrays (NaN where a bucket 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +117,8 @@ class Fetcher:
         if not batch:
             return self.results
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            for outcome in pool.map(self._one, batch):
+            for future in as_completed([pool.submit(self._one, query) for query in batch]):
+                outcome = future.result()
                 self.results.outcomes[outcome.query.name] = outcome
                 self.done += 1
                 self._report(outcome.query.title)
