@@ -347,7 +347,7 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
                str(len(false_straggler)), len(false_straggler) == 0 and healthy >= 10_000),
         Target("job MFU within 0.5 pp of truth in steady state",
                f"{worst_mfu:.2f} pp worst" if worst_mfu is not None else "no steady stretch",
-               worst_mfu is not None and worst_mfu <= 0.5),
+               None if worst_mfu is None else worst_mfu <= 0.5),
     ]
     latencies = [f.latency for f in detected if f.latency is not None]
     return {
