@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from flopwatch import __version__
-from flopwatch.catalog import Metric
+from flopwatch.catalog import Metric, metrics_of
 from flopwatch.catalog import agent as agent_metrics
 from flopwatch.catalog import gpu as g
+from flopwatch.catalog import host as host_metrics
 from flopwatch.catalog import job as job_metrics
 from flopwatch.catalog import nic as n
 from flopwatch.catalog import train as t
@@ -28,7 +29,13 @@ from flopwatch.exporters.gpu.simulated import MHZ, SIM_DRIVER_VERSION, Simulated
 from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
 from flopwatch.sim.jobs import PHASES
 from flopwatch.sim.nic import SimulatedNic
-from flopwatch.sim.node import NIC_ERROR_COUNTERS, PHYS_STATE_WORDS, PORT_STATE_WORDS
+from flopwatch.sim.node import (
+    NIC_ERROR_COUNTERS,
+    PHYS_STATE_WORDS,
+    PORT_STATE_WORDS,
+    SimHostCollector,
+    SimNodeAgent,
+)
 
 Labels = tuple[tuple[str, str], ...]
 #: One group of series for a tick: their label sets (a cached tuple) and values.
@@ -133,7 +140,8 @@ TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SEC
 def supported_names() -> set[str]:
     """Series names (histogram parts included) this sampler produces, plus `up`."""
     names = {metric.name for metric in (*GPU_METRICS, *NIC_METRICS, *TRAIN_METRICS, job_metrics.GPU_JOB_INFO,
-                                        agent_metrics.COLLECTOR_ERRORS, agent_metrics.BUILD_INFO)}
+                                        agent_metrics.COLLECTOR_ERRORS, agent_metrics.BUILD_INFO,
+                                        *metrics_of(host_metrics))}
     names |= {t.STEP_SECONDS.name + suffix for suffix in ("_bucket", "_count", "_sum")}
     names.add("up")
     return names
@@ -168,6 +176,10 @@ class FastSampler:
         self.gpu_metrics = [metric for metric in GPU_METRICS if metric.name in wanted]
         self.nic_metrics = [metric for metric in NIC_METRICS if metric.name in wanted]
         self.gpus = [(node, gpu) for node in self.nodes for gpu in node.gpus]
+        self.host_metrics = [metric for metric in metrics_of(host_metrics) if metric.name in wanted]
+        self.hosts = [SimHostCollector(fleet, node) for node in self.nodes] if self.host_metrics else []
+        # the agent's own collectors, named as a simulated node's agent names them
+        self.collector_names = sorted(SimNodeAgent(fleet, fleet.nodes[0]).agent.errors) if fleet.nodes else []
         self.nics = [(node, nic) for node in self.nodes for nic in node.nics]
         self._groups: dict[object, tuple[Labels, ...]] = {}
 
@@ -181,6 +193,7 @@ class FastSampler:
         yield from self._up()
         yield from self._gpus()
         yield from self._nics()
+        yield from self._hosts()
         yield from self._jobs()
         yield from self._train()
 
@@ -200,7 +213,7 @@ class FastSampler:
         if errors.name in self.wanted:
             labels = self._group("errors", lambda: tuple(
                 self.labels.get(errors.name, errors.all_labels, (node.name, collector))
-                for node in self.nodes for collector in ("attribution", "gpu", "nic", "train")))
+                for node in self.nodes for collector in self.collector_names))
             yield labels, [0.0] * len(labels)
 
     def _gpus(self) -> Iterator[Group]:
@@ -246,6 +259,23 @@ class FastSampler:
                     metric, [(node.name, nic.device, "1", *rest) for (node, nic), rest in zip(nics, words,
                                                                                              strict=True)]))
                 yield labels, [value for _, value in pairs]
+
+    def _hosts(self) -> Iterator[Group]:
+        """Host series come from the simulator's own host collector (a handful per node)."""
+        if not self.host_metrics:
+            return
+        per_metric: dict[Metric, tuple[list[tuple[str, ...]], list[float]]] = {m: ([], []) for m in self.host_metrics}
+        for collector in self.hosts:
+            blocks = collector.blocks()
+            for metric, (keys, values) in per_metric.items():
+                series = blocks.series.get(metric)
+                if series:
+                    keys.extend(series)
+                    values.extend(blocks.values[metric])
+        for metric, (keys, values) in per_metric.items():
+            if keys:
+                yield self._group((metric, tuple(keys)), lambda metric=metric, keys=keys: self._labels(
+                    metric, keys)), values
 
     def _jobs(self) -> Iterator[Group]:
         info = job_metrics.GPU_JOB_INFO
