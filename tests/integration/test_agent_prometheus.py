@@ -37,7 +37,9 @@ NODE = "it-node"
 JOB = "flopwatch-agent"
 #: Families that only appear after something goes wrong (a failed GPU read, an XID event):
 #: healthy simulated GPUs have nothing to count, and the collector leaves empty families out.
-EVENT_ONLY = {gpu_catalog.READ_ERRORS.name, gpu_catalog.XID_ERRORS.name}
+EVENT_ONLY = {gpu_catalog.READ_ERRORS.name, gpu_catalog.XID_ERRORS.name,
+              # counted only when a TLS web config is in use (tests/integration/test_agent_tls.py)
+              agent_catalog.HTTP_TLS_FAILURES.name}
 EXPECTED = [metric for metric in metrics_of(gpu_catalog) + metrics_of(agent_catalog) if metric.name not in EVENT_ONLY]
 
 
