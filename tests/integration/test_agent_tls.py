@@ -105,11 +105,13 @@ def prometheus(agent: SecureAgent, pki: Pki, tmp_path_factory: pytest.TempPathFa
     ]
     with Prometheus(jobs) as server:
         client = PromClient(server.url)
+        counted = ('flopwatch_http_responses_total{job="flopwatch",code="401"}',
+                   'flopwatch_http_tls_handshake_failures_total{job="flopwatch",reason="plain_http"}',
+                   'flopwatch_http_tls_handshake_failures_total{job="flopwatch",reason="no_client_cert"}')
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # every scraper tried, and the good one saw the counts
             healths = {t["labels"]["job"]: t["health"] for t in client.targets()}
-            if len(healths) == 4 and "unknown" not in healths.values() and client.query(
-                    'flopwatch_http_tls_handshake_failures_total{job="flopwatch",reason="plain_http"}'):
+            if len(healths) == 4 and "unknown" not in healths.values() and all(client.query(q) for q in counted):
                 break
             time.sleep(0.5)
         yield client
