@@ -15,7 +15,10 @@ WEEK = Window(1_790_000_000.0 - 7 * 86400, 1_790_000_000.0)
 def every_query(settings: ReportSettings, spacing: float = 15.0) -> list:
     grid = grid_for(WEEK, spacing)
     p = Promql(settings, WEEK, grid, spacing)
-    return [*p.range_queries(), *p.counter_queries(), *p.total_queries(WEEK),
+    nodes = {name: ["node0001", "node.2"] for name in ("lost_candidates", "nvlink_candidates", "ib_candidates",
+                                                       "pcie_candidates", "ecc_candidates")}
+    return [*p.range_queries(), *p.counter_queries(), *p.total_queries(WEEK), *p.hardware_candidates(),
+            *p.hardware_ranges(nodes),
             *p.total_queries(WEEK.previous(), "prev_"), *p.previous_range_queries(grid), p.straggler_arrivals(),
             p.straggler_alerts(), p.power_fallback(), *probe_queries(settings, WEEK),
             p.straggler_detail("d", "east", "job-1", "3", "node0001", "2", WEEK.end - 7200, WEEK.end),
@@ -72,6 +75,17 @@ def test_dtype_thresholds_and_sparse_samples():
     assert "last_over_time" not in queries["gpus"]
     sparse = {q.name: q.expr for q in every_query(settings, spacing=600)}
     assert "last_over_time(flopwatch_gpu_up[1201s])" in sparse["gpus"]
+
+
+def test_hardware_ranges_only_for_candidate_nodes():
+    grid = grid_for(WEEK, 15)
+    p = Promql(ReportSettings(), WEEK, grid, 15)
+    assert p.hardware_ranges({}) == []
+    ranges = {q.name: q for q in p.hardware_ranges({"nvlink_candidates": ["n1", "n1", "n.2"],
+                                                     "ecc_candidates": ["n3"]})}
+    assert set(ranges) == {"nvlink_bad", "ecc"}
+    assert 'node=~"n\\\\.2|n1"' in ranges["nvlink_bad"].expr   # sorted, once each, regex-escaped
+    assert ranges["ecc"].start == grid.first - grid.step
 
 
 def test_straggler_detail_names_the_rank_and_its_node():

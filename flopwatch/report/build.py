@@ -57,7 +57,7 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
     fetcher.grid = grid
     promql = Promql(settings, window, grid, spacing)
     first = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
-             promql.straggler_arrivals()]
+             *promql.hardware_candidates(), promql.straggler_arrivals()]
     if probe.scalar("probe_prev"):
         previous = window.previous()
         first += promql.total_queries(previous, prefix="prev_")
@@ -66,6 +66,9 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
 
     alerts = bool(results.scalar("alerts_present"))
     second = [promql.straggler_alerts()] if alerts else []
+    candidates = {query.name: [k[0] for k in results.vector(query.name, "node")]
+                  for query in promql.hardware_candidates()}
+    second += promql.hardware_ranges(candidates)
     if not results.vector("energy_total", settings.cluster_label):
         second.append(promql.power_fallback())
     fetcher.run(second)

@@ -13,6 +13,7 @@ cluster named ""), so the same queries serve a global view over several clusters
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -101,6 +102,20 @@ class Promql:
         return (f"sum by ({self.by('job_id', *extra)}) ({self.info(*extra)} * on ({self.by('node', 'gpu')}) "
                 f"group_left () ({per_gpu_expr}))")
 
+    @property
+    def assignment(self) -> str:
+        """Every reporting GPU with the job holding it, value 1; a GPU no job holds has no job_id.
+        Summing a per-GPU value by (cluster, job_id) over it gives each job's share and, under
+        job_id="", the unallocated GPUs' (a GPU shared by two jobs counts for both)."""
+        return (f"({self.info()} or on ({self.by('node', 'gpu')}) "
+                f"({self.per_gpu(self.sel(gpu.UP.name))} * 0 + 1))")
+
+    def by_job(self, per_gpu_expr: str, op: str = "sum") -> str:
+        on = f"on ({self.by('node', 'gpu')})"
+        if op == "count":
+            return f"count by ({self.by('job_id')}) ({self.assignment} and {on} ({per_gpu_expr}))"
+        return f"sum by ({self.by('job_id')}) ({self.assignment} * {on} group_left () ({per_gpu_expr}))"
+
     def arrival(self, rng: str, matchers: str = "") -> str:
         """Seconds per step before the gradient collective (data + compute + other), per rank."""
         extra = f", {matchers}" if matchers else ""
@@ -126,40 +141,80 @@ class Promql:
              f"count by ({self.by('job_id')}) ({self.info()} and {info_on} ({self.busy}))"),
             ("job_flops", "model FLOPs per job",
              f"sum by ({self.by('job_id')}) (increase({train.MODEL_FLOPS.name}[{r}]))"),
-            ("job_tensor", "telemetry MFU per job", self.join_jobs(self.tensor_flops)),
+            # per job, and under job_id="" the GPUs no job held
+            ("job_tensor", "telemetry MFU per job", self.by_job(self.tensor_flops)),
             ("job_tensor_gpus", "GPUs with tensor activity per job",
-             f"count by ({self.by('job_id')}) ({self.info()} and {info_on} "
-             f"{self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
-            ("tensor", "telemetry MFU", f"sum by ({c}) ({self.tensor_flops})"),
-            ("tensor_gpus", "GPUs with tensor activity",
-             f"count by ({c}) ({self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
-            ("energy", "energy over time", f"sum by ({c}) ({energy})"),
-            ("job_energy", "energy per job", self.join_jobs(self.per_gpu(energy))),
-            ("idle_energy", "energy of unallocated GPUs",
-             f"sum by ({c}) ({self.per_gpu(energy)} unless {info_on} {self.sel(job.GPU_JOB_INFO.name)})"),
+             self.by_job(self.per_gpu(f"avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])"), "count")),
+            ("job_energy", "energy per job", self.by_job(self.per_gpu(energy))),
             ("job_steps", "steps per job", f"max by ({self.by('job_id')}) (increase({train.STEPS.name}[{r}]))"),
-            ("lost", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}[{r}])')} == 0"),
-            ("nvlink_bad", "NVLink error bursts",
-             f"sum by ({self.by('node', 'gpu')}) (rate({gpu.NVLINK_ERRORS.name}[{r}])) > {NVLINK_ERRORS_PER_SECOND:g}"),
-            ("ib_bad", "InfiniBand error bursts",
-             f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.ERRORS.name}"
-             f"{{counter=~{q(IB_ERROR_COUNTERS)}}}[{r}])) > {IB_ERRORS_PER_HOUR * self.grid.step / 3600:g}"),
-            ("ib_down", "InfiniBand links down",
-             f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}[{r}])) > 0"),
-            ("pcie_bad", "PCIe downgrades",
-             self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}[{r}]) < {self.sel(gpu.PCIE_MAX_WIDTH.name)}")),
         ]
         return [Query(name, title, expr, "range") for name, title, expr in specs]
 
+    def hardware_candidates(self) -> list[Query]:
+        """Instant queries over the whole window naming the GPUs and ports with any hardware trouble,
+        so the per-bucket queries read only those (a healthy fleet costs no per-bucket evaluation)."""
+        w, at = self.w, self.window.end
+        specs = [
+            ("lost_candidates", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}[{w}])')} == 0"),
+            ("nvlink_candidates", "NVLink errors",
+             f"sum by ({self.by('node', 'gpu')}) (increase({gpu.NVLINK_ERRORS.name}[{w}])) > 0"),
+            ("ib_candidates", "InfiniBand errors",
+             f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.ERRORS.name}"
+             f"{{counter=~{q(IB_ERROR_COUNTERS)}}}[{w}])) > {IB_ERRORS_PER_HOUR * self.grid.step / 3600:g} "
+             f"or sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}[{w}])) > 0"),
+            ("pcie_candidates", "PCIe links",
+             self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}[{w}]) < "
+                          f"max_over_time({gpu.PCIE_MAX_WIDTH.name}[{w}])")),
+            ("ecc_candidates", "ECC errors", f"{self.per_gpu(f'max_over_time({gpu.ECC_UNCORRECTED.name}[{w}])')} > 0"),
+        ]
+        return [Query(name, title, expr, "instant", at=at) for name, title, expr in specs]
+
+    def hardware_ranges(self, nodes: dict[str, list[str]]) -> list[Query]:
+        """Per-bucket hardware queries restricted to the candidates' nodes (candidate name -> nodes)."""
+        r = self.r
+
+        def on_nodes(kind: str) -> str:
+            return f"node=~{q('|'.join(re.escape(n) for n in sorted(set(nodes[kind]))))}"
+
+        specs = []
+        if nodes.get("lost_candidates"):
+            m = on_nodes("lost_candidates")
+            specs.append(("lost", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}{{{m}}}[{r}])')} == 0"))
+        if nodes.get("nvlink_candidates"):
+            m = on_nodes("nvlink_candidates")
+            specs.append(("nvlink_bad", "NVLink error bursts",
+                          f"sum by ({self.by('node', 'gpu')}) (rate({gpu.NVLINK_ERRORS.name}{{{m}}}[{r}])) "
+                          f"> {NVLINK_ERRORS_PER_SECOND:g}"))
+        if nodes.get("ib_candidates"):
+            m = on_nodes("ib_candidates")
+            specs.append(("ib_bad", "InfiniBand error bursts",
+                          f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.ERRORS.name}"
+                          f"{{counter=~{q(IB_ERROR_COUNTERS)}, {m}}}[{r}])) "
+                          f"> {IB_ERRORS_PER_HOUR * self.grid.step / 3600:g}"))
+            specs.append(("ib_down", "InfiniBand links down",
+                          f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}"
+                          f"{{{m}}}[{r}])) > 0"))
+        if nodes.get("pcie_candidates"):
+            m = on_nodes("pcie_candidates")
+            specs.append(("pcie_bad", "PCIe downgrades",
+                          self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}{{{m}}}[{r}]) < "
+                                       f"{self.sel(gpu.PCIE_MAX_WIDTH.name, m)}")))
+        queries = [Query(name, title, expr, "range") for name, title, expr in specs]
+        if nodes.get("ecc_candidates"):
+            m = on_nodes("ecc_candidates")
+            queries.append(Query("ecc", "uncorrectable ECC errors",
+                                 f"{self.per_gpu(self.sel(gpu.ECC_UNCORRECTED.name, m))} > 0", "range",
+                                 start=self.grid.first - self.grid.step))
+        return queries
+
     def counter_queries(self) -> list[Query]:
         """Cumulative event counters read as values per bucket, with one bucket of baseline before
-        the window: XIDs and uncorrectable ECC errors are counted exactly, new series included."""
+        the window: XIDs (and, in hardware_ranges, uncorrectable ECC errors) are counted exactly,
+        new series included."""
         start = self.grid.first - self.grid.step
         specs = [
             ("xid", "XID errors", f"max by ({self.by('node', 'gpu', 'xid')}) "
                                   f"(last_over_time({gpu.XID_ERRORS.name}[{BASELINE_LOOKBACK}]))"),
-            ("ecc", "uncorrectable ECC errors",
-             f"{self.per_gpu(self.sel(gpu.ECC_UNCORRECTED.name))} > 0"),
         ]
         return [Query(name, title, expr, "range", start=start) for name, title, expr in specs]
 

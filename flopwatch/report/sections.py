@@ -399,7 +399,9 @@ def hardware(incidents: list[Incident], lemons: list[Lemon], errors: dict[str, s
         section.charts.append(Chart("xids_by_code", "XID events by code", "bar", "int",
                                     bars=[(f"XID {r['xid']}", float(r["events"])) for r in by_code.rows]))
     section.figures = [Figure("Hardware incidents", len(incidents), "int"), Figure("Lemon nodes", len(lemons), "int")]
-    section.notes += failed_notes(errors, ("xid", "ecc", "lost", "nvlink_bad", "ib_bad", "ib_down", "pcie_bad"))
+    section.notes += failed_notes(errors, ("xid", "ecc", "lost", "nvlink_bad", "ib_bad", "ib_down", "pcie_bad",
+                                           "lost_candidates", "nvlink_candidates", "ib_candidates",
+                                           "pcie_candidates", "ecc_candidates"))
     return section
 
 
@@ -473,5 +475,5 @@ def energy(facts: Facts, settings: ReportSettings, errors: dict[str, str]) -> Se
     if settings.price_kwh is None and settings.price_gpu_hour is None:
         section.notes.append("No prices configured: pass --price-kwh and --price-gpu-hour (or set them in --config) "
                              "for costs.")
-    section.notes += failed_notes(errors, ("energy_total", "job_energy", "idle_energy"))
+    section.notes += failed_notes(errors, ("energy_total", "job_energy"))
     return section

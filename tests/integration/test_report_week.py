@@ -70,6 +70,7 @@ def report_series() -> set[str]:
     settings, window = ReportSettings(), Window(0.0, 7 * DAY)
     promql = Promql(settings, window, grid_for(window, STEP), STEP)
     queries = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
+               *promql.hardware_candidates(),
                promql.straggler_arrivals(), promql.power_fallback(), *probe_queries(settings, window),
                promql.straggler_detail("d", "", "j", "0", "n", "0", 0.0, 600.0), promql.gpu_job("o", "", "n", "0", 0)]
     return set(re.findall(r"flopwatch_[a-z0-9_]+", " ".join(q.expr for q in queries))) & supported_names()
