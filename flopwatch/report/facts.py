@@ -302,12 +302,13 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
     job_gpus = m("job_gpus", grid, label, "job_id", "user")
     job_busy = m("job_busy", grid, label, "job_id")
     job_flops = m("job_flops", grid, label, "job_id")
-    # per job, and under job_id "" the GPUs no job held; per cluster: the sum of both
     job_tensor = m("job_tensor", grid, label, "job_id")
     job_tensor_gpus = m("job_tensor_gpus", grid, label, "job_id")
     job_energy = m("job_energy", grid, label, "job_id")
-    energy, tensor, tensor_gpus = (_by_cluster(x) for x in (job_energy, job_tensor, job_tensor_gpus))
-    idle_energy = {(c,): v for (c, j), v in job_energy.items() if not j}
+    energy = m("energy", grid, label)
+    idle_energy = m("idle_energy", grid, label)
+    tensor = m("tensor", grid, label)
+    tensor_gpus = m("tensor_gpus", grid, label)
     wait = straggler_wait(m("straggler_arrivals", grid, label, "job_id", "rank", "node", "gpu"),
                           m("job_steps", grid, label, "job_id"))
 
@@ -399,14 +400,6 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
         clusters[name] = cf
 
     return Facts(window, grid, clusters, jobs, previous(results, settings, window, grid, spacing), unattributed)
-
-
-def _by_cluster(per_job: dict[tuple[str, ...], np.ndarray]) -> dict[tuple[str, ...], np.ndarray]:
-    out: dict[tuple[str, ...], np.ndarray] = {}
-    for (cluster, _), values in per_job.items():
-        previous = out.get((cluster,))
-        out[(cluster,)] = values if previous is None else np.nansum([previous, values], axis=0)
-    return out
 
 
 def straggler_wait(arrivals: dict[tuple[str, ...], np.ndarray],

@@ -102,20 +102,6 @@ class Promql:
         return (f"sum by ({self.by('job_id', *extra)}) ({self.info(*extra)} * on ({self.by('node', 'gpu')}) "
                 f"group_left () ({per_gpu_expr}))")
 
-    @property
-    def assignment(self) -> str:
-        """Every reporting GPU with the job holding it, value 1; a GPU no job holds has no job_id.
-        Summing a per-GPU value by (cluster, job_id) over it gives each job's share and, under
-        job_id="", the unallocated GPUs' (a GPU shared by two jobs counts for both)."""
-        return (f"({self.info()} or on ({self.by('node', 'gpu')}) "
-                f"({self.per_gpu(self.sel(gpu.UP.name))} * 0 + 1))")
-
-    def by_job(self, per_gpu_expr: str, op: str = "sum") -> str:
-        on = f"on ({self.by('node', 'gpu')})"
-        if op == "count":
-            return f"count by ({self.by('job_id')}) ({self.assignment} and {on} ({per_gpu_expr}))"
-        return f"sum by ({self.by('job_id')}) ({self.assignment} * {on} group_left () ({per_gpu_expr}))"
-
     def arrival(self, rng: str, matchers: str = "") -> str:
         """Seconds per step before the gradient collective (data + compute + other), per rank."""
         extra = f", {matchers}" if matchers else ""
@@ -141,11 +127,17 @@ class Promql:
              f"count by ({self.by('job_id')}) ({self.info()} and {info_on} ({self.busy}))"),
             ("job_flops", "model FLOPs per job",
              f"sum by ({self.by('job_id')}) (increase({train.MODEL_FLOPS.name}[{r}]))"),
-            # per job, and under job_id="" the GPUs no job held
-            ("job_tensor", "telemetry MFU per job", self.by_job(self.tensor_flops)),
+            ("job_tensor", "telemetry MFU per job", self.join_jobs(self.tensor_flops)),
             ("job_tensor_gpus", "GPUs with tensor activity per job",
-             self.by_job(self.per_gpu(f"avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])"), "count")),
-            ("job_energy", "energy per job", self.by_job(self.per_gpu(energy))),
+             f"count by ({self.by('job_id')}) ({self.info()} and {info_on} "
+             f"{self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
+            ("tensor", "telemetry MFU", f"sum by ({c}) ({self.tensor_flops})"),
+            ("tensor_gpus", "GPUs with tensor activity",
+             f"count by ({c}) ({self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
+            ("energy", "energy over time", f"sum by ({c}) ({energy})"),
+            ("job_energy", "energy per job", self.join_jobs(self.per_gpu(energy))),
+            ("idle_energy", "energy of unallocated GPUs",
+             f"sum by ({c}) ({self.per_gpu(energy)} unless {info_on} {self.sel(job.GPU_JOB_INFO.name)})"),
             ("job_steps", "steps per job", f"max by ({self.by('job_id')}) (increase({train.STEPS.name}[{r}]))"),
         ]
         return [Query(name, title, expr, "range") for name, title, expr in specs]

@@ -475,5 +475,5 @@ def energy(facts: Facts, settings: ReportSettings, errors: dict[str, str]) -> Se
     if settings.price_kwh is None and settings.price_gpu_hour is None:
         section.notes.append("No prices configured: pass --price-kwh and --price-gpu-hour (or set them in --config) "
                              "for costs.")
-    section.notes += failed_notes(errors, ("energy_total", "job_energy"))
+    section.notes += failed_notes(errors, ("energy_total", "job_energy", "idle_energy"))
     return section
