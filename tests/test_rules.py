@@ -125,7 +125,7 @@ def test_firing_cases_state_labels_and_annotations() -> None:
 
 def test_straggler_alerts_name_rank_and_cause() -> None:
     stragglers = [rule for rule in alerts() if rule["alert"] == "FlopWatchStraggler"]
-    assert len(stragglers) == 3
+    assert len(stragglers) == 4
     text = "\n".join(rule["expr"] for rule in stragglers)
     for cause in re.findall(r'"cause", "(\w+)"', text):
         assert cause in STRAGGLER_CAUSES
@@ -137,7 +137,9 @@ def test_straggler_alerts_name_rank_and_cause() -> None:
                                             "job_id_rank:flopwatch_straggler_uncorroborated:ratio")]
     assert len(candidates) == 2
     assert all("job_id:flopwatch_straggler_ranks:count >= 8" in expr for expr in candidates)
-    assert "count by (job_id) (node_gpu:flopwatch_gpu_straggler_score:ratio) >= 8" in text
+    assert "job_id:flopwatch_gpus_scored:count >= 8" in text
+    scored = next(rule["expr"] for rule in rules() if rule.get("record") == "job_id:flopwatch_gpus_scored:count")
+    assert scored == "count by (job_id) (node_gpu:flopwatch_gpu_straggler_score:ratio)"
 
 
 _RECORD = re.compile(r"\b[A-Za-z_]+:[A-Za-z0-9_]+:[a-z0-9_]+\b")
