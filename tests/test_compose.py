@@ -297,6 +297,11 @@ def test_systemd_unit_runs_a_valid_agent_command():
     assert "FLOPWATCH_INFLUX_TOKEN" not in environment, "secrets belong in the EnvironmentFile, not the unit"
     assert service["EnvironmentFile"].lstrip("-").startswith("/etc/flopwatch/")
     assert "/var/lib/flopwatch" in service["ReadWritePaths"].split()
+    # the step socket lives in the unit's runtime directory, which it may write
+    config = cfg.load(environ=environment)
+    assert args.train, "the training-step intake is on"
+    assert config.train.socket.startswith("/run/" + service["RuntimeDirectory"] + "/")
+    assert "/run/flopwatch" in service["ReadWritePaths"].split()
 
 
 def test_kubernetes_daemonset_runs_a_valid_agent_with_the_mounts_it_uses():
@@ -324,6 +329,9 @@ def test_kubernetes_daemonset_runs_a_valid_agent_with_the_mounts_it_uses():
         assert any(config.attribution.kubelet_socket.startswith(p) for p in mounted)
     port = int(config.listen[1])
     assert any(p.get("containerPort") == port for p in container.get("ports", []))
+    assert args.train, "the training-step intake is on"
+    assert any(config.train.socket.startswith(p + "/") and not mounted[p].get("readOnly") for p in mounted), \
+        "the step socket must sit in a writable hostPath mount training pods can share"
     token = [e for e in container.get("env", []) if e["name"] == "FLOPWATCH_INFLUX_TOKEN"]
     assert all("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in token), "token from a Secret"
 
