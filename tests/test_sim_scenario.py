@@ -113,3 +113,13 @@ def test_checkpoints_must_be_shorter_than_their_period():
         parse(with_change("jobs", [job]))
     job["checkpoint_every"] = 0
     assert parse(with_change("jobs", [job])).jobs[0].checkpoint_every == float("inf")
+
+
+def test_a_toy_model_whose_step_would_take_microseconds_is_refused():
+    """The simulator advances step by step: a sub-millisecond healthy step would make one tick take
+    minutes, so the scenario says so instead of hanging."""
+    toy = {"params": 1e6, "layers": 2, "heads": 2, "head_dim": 8, "seq_len": 8}
+    with pytest.raises(ScenarioError, match=r"jobs\[0\]: a healthy step of 'j' would take .* ms; the simulator "
+                                            r"needs 50 ms or more"):
+        parse(with_change("jobs.0.model", toy))
+    parse(with_change("jobs.0.tokens_per_step", 2e4))  # 8B model, 20k tokens on 32 GPUs: ~66 ms, accepted

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flopwatch.hardware import GpuModel
-from flopwatch.sim.scenario import FleetSpec, JobSpec, ModelShape
+from flopwatch.sim.scenario import FleetSpec, JobSpec
 
 PHASES = ("data", "compute", "comm", "optimizer", "other")
 NIC_BYTES_PER_S = 50e9          # 400 Gb/s per rail (NDR InfiniBand / 400G RoCE)
@@ -30,17 +30,6 @@ OPTIMIZER_SHARE = 0.03          # of the step
 SEQ_IMBALANCE_RANKS = 0.05      # share of ranks with longer sequences in a given step
 GC_PROBABILITY = 0.004          # per rank and step
 GC_PAUSE_SHARE = 0.03           # of compute
-
-
-def model_flops_per_token(model: ModelShape) -> float:
-    """Dense decoder model FLOPs per token: 6N + 12·L·H·Q·T (PaLM, appendix B)."""
-    return 6 * model.params + 12 * model.layers * model.heads * model.head_dim * model.seq_len
-
-
-def hardware_flops_per_token(model: ModelShape, recompute: bool) -> float:
-    """With full activation recomputation the forward pass runs twice: 8N + 16·L·H·Q·T (HFU)."""
-    factor = 4 / 3 if recompute else 1.0
-    return model_flops_per_token(model) * factor
 
 
 @dataclass
@@ -91,9 +80,10 @@ class JobRunner:
     def __post_init__(self) -> None:
         model: GpuModel = self.fleet.gpu_model
         self.ranks = len(self.spec.nodes) * self.fleet.gpus_per_node
-        per_token = model_flops_per_token(self.spec.model)
+        per_token = self.spec.model.model_flops_per_token()
         self.flops_per_step = per_token * self.spec.tokens_per_step
-        self.hw_flops_per_step = hardware_flops_per_token(self.spec.model, self.spec.recompute) * \
+        # full activation recomputation runs the forward pass twice: 8N + 16·L·H·Q·T (HFU)
+        self.hw_flops_per_step = self.spec.model.hardware_flops_per_token("full" if self.spec.recompute else "none") * \
             self.spec.tokens_per_step
         peak = model.peak_dense_flops["bf16"]
         self.target_wall = self.flops_per_step / (self.ranks * peak * self.spec.target_mfu)

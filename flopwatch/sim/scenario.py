@@ -26,6 +26,11 @@ from typing import Any
 import yaml
 
 from flopwatch.hardware import GpuModel, known_names, model_by_name
+from flopwatch.train.flops import DecoderShape
+
+#: Shortest healthy step the simulator accepts: it advances step by step, so a sub-millisecond
+#: step (a toy model on many GPUs) would make one tick take minutes.
+MIN_STEP_SECONDS = 0.05
 
 #: Fault kind -> (what it names: "gpu", "nic" or "node"; the alert cause it should produce).
 FAULT_KINDS: dict[str, tuple[str, str]] = {
@@ -95,19 +100,10 @@ def parse_index_set(value: Any, where: str, limit: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    params: float
-    layers: int
-    heads: int
-    head_dim: int
-    seq_len: int
-
-
-@dataclass(frozen=True)
 class JobSpec:
     id: str
     nodes: list[int]
-    model: ModelShape
+    model: DecoderShape
     tokens_per_step: float
     target_mfu: float
     step_jitter: float
@@ -250,6 +246,15 @@ def parse(data: Any, source: str = "") -> Scenario:
             if node in owner and _overlap(job, next(j for j in jobs if j.id == owner[node])):
                 raise ScenarioError(f"jobs: node {node} is in both {owner[node]!r} and {job.id!r} at the same time")
             owner[node] = job.id
+    peak = gpu_model.peak_dense_flops["bf16"]
+    for i, job in enumerate(jobs):
+        step = job.model.model_flops_per_token() * job.tokens_per_step / \
+            (len(job.nodes) * fleet.gpus_per_node * peak * job.target_mfu)
+        if step < MIN_STEP_SECONDS:
+            raise ScenarioError(
+                f"jobs[{i}]: a healthy step of {job.id!r} would take {step * 1000:.3g} ms; the simulator needs "
+                f"{MIN_STEP_SECONDS * 1000:.0f} ms or more (real steps take 0.1 s to minutes): raise tokens_per_step "
+                "or the model size")
     faults_raw = top.raw("faults", [])
     if not isinstance(faults_raw, list):
         raise ScenarioError("faults: expected a list of faults")
@@ -272,7 +277,7 @@ def _job(data: Any, where: str, fleet: FleetSpec, duration: float) -> JobSpec:
                   "user", "checkpoint_every", "checkpoint_seconds", "recompute"})
     m = _Reader(r.raw("model"), f"{where}.model")
     m.check_keys({"params", "layers", "heads", "head_dim", "seq_len"})
-    shape = ModelShape(
+    shape = DecoderShape(
         params=m.number("params", 1e6, 1e14), layers=m.integer("layers", 1, 10_000),
         heads=m.integer("heads", 1, 10_000), head_dim=m.integer("head_dim", 1, 100_000),
         seq_len=m.integer("seq_len", 1, 10_000_000),
