@@ -17,34 +17,19 @@ import pytest
 
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet
-from flopwatch.sim.scenario import parse
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Alertmanager, Prometheus, VictoriaMetrics, VmAlert
+from integration.fleets import two_jobs_48_gpus
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted(ROOT.glob("alerts/flopwatch-*.yml"))
-MODEL_8B = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
 
 #: Recording rules that must agree, and how close (absolute: 0.5 pp of MFU).
 COMPARED = ("job_id:flopwatch_mfu:ratio", "job_id:flopwatch_hfu:ratio", "cluster:flopwatch_mfu:ratio",
             "fleet:flopwatch_mfu:ratio")
 TOLERANCE = 0.005
-
-
-def scenario():
-    return parse({
-        "name": "scale-out", "seed": 3, "duration": "1h", "scrape_interval": "1s",
-        "fleet": {"nodes": 6, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 2},
-        "jobs": [
-            {"id": "job-a", "nodes": "0-2", "model": MODEL_8B, "tokens_per_step": 131072, "target_mfu": 0.42,
-             "step_jitter": 0.01},
-            {"id": "job-b", "nodes": "3-4", "model": MODEL_8B, "tokens_per_step": 65536, "target_mfu": 0.30,
-             "step_jitter": 0.01},
-        ],
-        "faults": [],
-    })
 
 
 def by_labels(client: PromClient, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -67,7 +52,7 @@ def compare(prom: PromClient, victoria: PromClient) -> list[tuple]:
 
 def test_mfu_rules_in_vmalert_over_victoria_metrics_agree_with_prometheus(tmp_path):
     assert RULE_FILES, "alerts/flopwatch-*.yml: no rule files to evaluate"
-    fleet = Fleet(scenario(), start_unix=time.time())
+    fleet = Fleet(two_jobs_48_gpus("scale-out", seed=3), start_unix=time.time())
     server = FleetServer(fleet)
     server.start()
     stop = threading.Event()

@@ -21,15 +21,14 @@ import pytest
 
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet
-from flopwatch.sim.scenario import parse
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus, VictoriaMetrics
+from integration.fleets import two_jobs_48_gpus
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted(ROOT.glob("alerts/flopwatch-*.yml"))
-MODEL_8B = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
 SHARDS = {"shard-1": range(0, 3), "shard-2": range(3, 6)}   # jobs stay inside a shard
 TOLERANCE = 0.005                                            # 0.5 pp of MFU
 
@@ -40,20 +39,6 @@ GLOBAL = {
 }
 
 
-def scenario():
-    return parse({
-        "name": "sharded", "seed": 5, "duration": "1h", "scrape_interval": "1s",
-        "fleet": {"nodes": 6, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 2},
-        "jobs": [
-            {"id": "job-a", "nodes": "0-2", "model": MODEL_8B, "tokens_per_step": 131072, "target_mfu": 0.42,
-             "step_jitter": 0.01},
-            {"id": "job-b", "nodes": "3-4", "model": MODEL_8B, "tokens_per_step": 65536, "target_mfu": 0.30,
-             "step_jitter": 0.01},
-        ],
-        "faults": [],
-    })
-
-
 def shard_targets(server: FleetServer, nodes: range, path: Path) -> Path:
     path.write_text(json.dumps([server.targets()[i] for i in nodes]))
     return path
@@ -61,7 +46,7 @@ def shard_targets(server: FleetServer, nodes: range, path: Path) -> Path:
 
 def test_global_mfu_from_shards_pre_aggregated_series_equals_one_prometheus(tmp_path):
     assert RULE_FILES, "alerts/flopwatch-*.yml: no rule files to evaluate"
-    fleet = Fleet(scenario(), start_unix=time.time())
+    fleet = Fleet(two_jobs_48_gpus("sharded", seed=5), start_unix=time.time())
     server = FleetServer(fleet)
     server.start()
     stop = threading.Event()
