@@ -87,7 +87,8 @@ def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path):
         open({str(pid_file)!r}, "w").write(str(prom.proc.pid))
         time.sleep(60)
     """)
-    child = subprocess.Popen([sys.executable, "-c", script])
+    log = (tmp_path / "child.log").open("w+")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while not pid_file.exists() or not pid_file.read_text():
         assert time.monotonic() < deadline, "child never started Prometheus"
@@ -95,7 +96,13 @@ def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path):
     server_pid = int(pid_file.read_text())
     assert alive(server_pid)
     child.send_signal(signal.SIGINT)
-    child.wait(20)
+    # the cleanup gives Prometheus 10 s to exit on SIGTERM before SIGKILL; allow that twice over
+    try:
+        child.wait(45)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        log.seek(0)
+        pytest.fail(f"the interrupted program did not exit within 45 s; it printed:\n{log.read()[-3000:]}")
     deadline = time.monotonic() + 10
     while alive(server_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
