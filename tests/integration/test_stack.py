@@ -80,8 +80,13 @@ def test_server_that_exits_early_reports_its_log():
 def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path):
     """A program using the stack is interrupted: its atexit/cleanup stops the servers."""
     pid_file = tmp_path / "pid"
+    # Python leaves SIGINT ignored when it starts with it ignored (a runner launched in the
+    # background by a non-interactive shell): the program turns Ctrl-C back into KeyboardInterrupt,
+    # as it is in a terminal, so the test does not depend on how the test runner was started.
     script = textwrap.dedent(f"""
+        import signal
         import time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from flopwatch.stack import Prometheus
         prom = Prometheus().start()
         open({str(pid_file)!r}, "w").write(str(prom.proc.pid))
