@@ -19,10 +19,10 @@ import pytest
 from flopwatch.commands.demo import alertmanager_config, rule_files
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet, node_name
-from flopwatch.sim.scenario import parse
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Alertmanager, Prometheus
 from flopwatch.stack.webhook import WebhookReceiver
+from integration.fleets import llm_8b_32_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -32,24 +32,12 @@ PAGE_TIMEOUT_S = 75      # from the injection
 SLOW_NODE, SLOW_GPU = 2, 5
 
 
-def scenario():
-    """32 ranks (4 nodes x 8 H100s) of an 8B model at ~4.5 s per step, 2% jitter."""
-    return parse({
-        "name": "e2e-thermal", "seed": 11, "duration": "1h", "scrape_interval": f"{SCRAPE_S}s",
-        "fleet": {"nodes": 5, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 4},
-        "jobs": [{"id": "llm-8b", "nodes": "0-3",
-                  "model": {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192},
-                  "tokens_per_step": 1048576, "target_mfu": 0.45, "step_jitter": 0.02}],
-        "faults": [],
-    })
-
-
 def is_page(alert: dict) -> bool:
     return alert.get("status") == "firing" and alert["labels"].get("severity") == "page"
 
 
 def test_thermal_straggler_pages_naming_node_gpu_rank_and_cause(tmp_path: Path) -> None:
-    fleet = Fleet(scenario())
+    fleet = Fleet(llm_8b_32_ranks("e2e-thermal", seed=11, nodes=5, scrape_s=SCRAPE_S))
     for _ in range(24):                       # two minutes of history in the counters
         fleet.advance(SCRAPE_S)
     fleet.start_unix = time.time() - fleet.t  # step timestamps on the wall clock

@@ -8,7 +8,6 @@ VictoriaMetrics, vmalert and Alertmanager are the Debian packages.
 
 from __future__ import annotations
 
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,10 +15,8 @@ from pathlib import Path
 import pytest
 
 from flopwatch.promql import PromClient
-from flopwatch.sim.fleet import Fleet
-from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Alertmanager, Prometheus, VictoriaMetrics, VmAlert
-from integration.fleets import two_jobs_48_gpus
+from integration.fleets import serving, two_jobs_48_gpus
 
 pytestmark = pytest.mark.integration
 
@@ -52,64 +49,56 @@ def compare(prom: PromClient, victoria: PromClient) -> list[tuple]:
 
 def test_mfu_rules_in_vmalert_over_victoria_metrics_agree_with_prometheus(tmp_path):
     assert RULE_FILES, "alerts/flopwatch-*.yml: no rule files to evaluate"
-    fleet = Fleet(two_jobs_48_gpus("scale-out", seed=3), start_unix=time.time())
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop, 1.0), daemon=True)
-    ticker.start()
-    targets = server.write_file_sd(tmp_path / "targets.json")
-    alertmanager = Alertmanager({"route": {"receiver": "null"}, "receivers": [{"name": "null"}]})
-    vm = VictoriaMetrics()
-    # raw series only: vmalert computes the recording rules on the VictoriaMetrics side
-    forward_raw = [{"source_labels": ["__name__"], "regex": ".+:.+", "action": "drop"}]
-    prometheus = Prometheus([{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(targets)]}]}],
-                            rule_files=RULE_FILES, scrape_interval="1s", evaluation_interval="5s",
-                            external_labels={"cluster": "shard-1"},
-                            remote_write=[{"url": "", "write_relabel_configs": forward_raw,
-                                           "queue_config": {"batch_send_deadline": "1s"}}])
-    try:
-        alertmanager.start()
-        vm.start()
-        prometheus.config["remote_write"][0]["url"] = f"{vm.url}/api/v1/write"
-        prometheus.start()
-        vmalert = VmAlert(RULE_FILES, vm.url, notifiers=[alertmanager.url], external_labels={"ruler": "vmalert"})
-        vmalert.start()
-        prom, victoria = PromClient(prometheus.url), PromClient(vm.url)
+    with serving(two_jobs_48_gpus("scale-out", seed=3), 1.0) as server:
+        targets = server.write_file_sd(tmp_path / "targets.json")
+        alertmanager = Alertmanager({"route": {"receiver": "null"}, "receivers": [{"name": "null"}]})
+        vm = VictoriaMetrics()
+        # raw series only: vmalert computes the recording rules on the VictoriaMetrics side
+        forward_raw = [{"source_labels": ["__name__"], "regex": ".+:.+", "action": "drop"}]
+        prometheus = Prometheus([{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(targets)]}]}],
+                                rule_files=RULE_FILES, scrape_interval="1s", evaluation_interval="5s",
+                                external_labels={"cluster": "shard-1"},
+                                remote_write=[{"url": "", "write_relabel_configs": forward_raw,
+                                               "queue_config": {"batch_send_deadline": "1s"}}])
+        try:
+            alertmanager.start()
+            vm.start()
+            prometheus.config["remote_write"][0]["url"] = f"{vm.url}/api/v1/write"
+            prometheus.start()
+            vmalert = VmAlert(RULE_FILES, vm.url, notifiers=[alertmanager.url], external_labels={"ruler": "vmalert"})
+            vmalert.start()
+            prom, victoria = PromClient(prometheus.url), PromClient(vm.url)
 
-        # the fleet flows through Prometheus into VictoriaMetrics, every GPU of every node
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if victoria.scalar("count(flopwatch_gpu_up)") == 48 and prom.scalar("count(flopwatch_gpu_up)") == 48:
-                break
-            time.sleep(1)
-        first_data = time.monotonic()
-        assert victoria.scalar('count(flopwatch_gpu_up{cluster="shard-1"})') == 48
-        assert victoria.query('count({__name__=~".+:.+", ruler!="vmalert"})') == [], \
-            "Prometheus's own rule results must not be forwarded"
+            # the fleet flows through Prometheus into VictoriaMetrics, every GPU of every node
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if victoria.scalar("count(flopwatch_gpu_up)") == 48 and prom.scalar("count(flopwatch_gpu_up)") == 48:
+                    break
+                time.sleep(1)
+            first_data = time.monotonic()
+            assert victoria.scalar('count(flopwatch_gpu_up{cluster="shard-1"})') == 48
+            assert victoria.query('count({__name__=~".+:.+", ruler!="vmalert"})') == [], \
+                "Prometheus's own rule results must not be forwarded"
 
-        # rate(...[1m]) differs between Prometheus (extrapolates, divides by the full range) and
-        # MetricsQL until a minute of samples exists: compare from then on, until both agree
-        time.sleep(max(0.0, first_data + 65 - time.monotonic()))
-        deadline = time.monotonic() + 40
-        while True:
-            disagreements = compare(prom, victoria)
-            if not disagreements or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        assert not disagreements, disagreements
-        mfu = by_labels(prom, "job_id:flopwatch_mfu:ratio")
-        assert mfu[(("job_id", "job-a"),)] == pytest.approx(0.42, abs=0.03)
-        assert mfu[(("job_id", "job-b"),)] == pytest.approx(0.30, abs=0.03)
-        errors = [line for line in urllib.request.urlopen(vmalert.url + "/metrics", timeout=10).read().decode()
-                  .splitlines() if line.startswith("vmalert_recording_rules_error{")]
-        assert errors and all(line.endswith(" 0") for line in errors), [e for e in errors if not e.endswith(" 0")]
-        assert vmalert.running()
-    finally:
-        stop.set()
-        ticker.join(10)
-        prometheus.stop()       # before the server it remote-writes to
-        for process in (locals().get("vmalert"), vm, alertmanager):
-            if process is not None:
-                process.stop()
-        server.stop()
+            # rate(...[1m]) differs between Prometheus (extrapolates, divides by the full range) and
+            # MetricsQL until a minute of samples exists: compare from then on, until both agree
+            time.sleep(max(0.0, first_data + 65 - time.monotonic()))
+            deadline = time.monotonic() + 40
+            while True:
+                disagreements = compare(prom, victoria)
+                if not disagreements or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+            assert not disagreements, disagreements
+            mfu = by_labels(prom, "job_id:flopwatch_mfu:ratio")
+            assert mfu[(("job_id", "job-a"),)] == pytest.approx(0.42, abs=0.03)
+            assert mfu[(("job_id", "job-b"),)] == pytest.approx(0.30, abs=0.03)
+            errors = [line for line in urllib.request.urlopen(vmalert.url + "/metrics", timeout=10).read().decode()
+                      .splitlines() if line.startswith("vmalert_recording_rules_error{")]
+            assert errors and all(line.endswith(" 0") for line in errors), [e for e in errors if not e.endswith(" 0")]
+            assert vmalert.running()
+        finally:
+            prometheus.stop()       # before the server it remote-writes to
+            for process in (locals().get("vmalert"), vm, alertmanager):
+                if process is not None:
+                    process.stop()

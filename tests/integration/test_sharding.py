@@ -13,17 +13,15 @@ Debian packages.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from flopwatch.promql import PromClient
-from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus, VictoriaMetrics
-from integration.fleets import two_jobs_48_gpus
+from integration.fleets import serving, two_jobs_48_gpus
 
 pytestmark = pytest.mark.integration
 
@@ -46,65 +44,57 @@ def shard_targets(server: FleetServer, nodes: range, path: Path) -> Path:
 
 def test_global_mfu_from_shards_pre_aggregated_series_equals_one_prometheus(tmp_path):
     assert RULE_FILES, "alerts/flopwatch-*.yml: no rule files to evaluate"
-    fleet = Fleet(two_jobs_48_gpus("sharded", seed=5), start_unix=time.time())
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop, 1.0), daemon=True)
-    ticker.start()
-    vm = VictoriaMetrics()
-    keep_recorded = [{"source_labels": ["__name__"], "regex": ".+:.+", "action": "keep"}]
-    reference = Prometheus([{"job_name": "flopwatch",
-                             "file_sd_configs": [{"files": [str(server.write_file_sd(tmp_path / "all.json"))]}]}],
-                           rule_files=RULE_FILES, scrape_interval="1s", evaluation_interval="5s")
-    shards = {name: Prometheus([{"job_name": "flopwatch", "file_sd_configs": [
-                                   {"files": [str(shard_targets(server, nodes, tmp_path / f"{name}.json"))]}]}],
-                               rule_files=RULE_FILES, scrape_interval="1s", evaluation_interval="5s",
-                               external_labels={"cluster": name},
-                               remote_write=[{"url": "", "write_relabel_configs": keep_recorded,
-                                              "queue_config": {"batch_send_deadline": "1s"}}])
-              for name, nodes in SHARDS.items()}
-    try:
-        vm.start()
-        reference.start()
-        for shard in shards.values():
-            shard.config["remote_write"][0]["url"] = f"{vm.url}/api/v1/write"
-            shard.start()
-        ref, glob = PromClient(reference.url), PromClient(vm.url)
+    with serving(two_jobs_48_gpus("sharded", seed=5), 1.0) as server:
+        vm = VictoriaMetrics()
+        keep_recorded = [{"source_labels": ["__name__"], "regex": ".+:.+", "action": "keep"}]
+        reference = Prometheus([{"job_name": "flopwatch",
+                                 "file_sd_configs": [{"files": [str(server.write_file_sd(tmp_path / "all.json"))]}]}],
+                               rule_files=RULE_FILES, scrape_interval="1s", evaluation_interval="5s")
+        shards = {name: Prometheus([{"job_name": "flopwatch", "file_sd_configs": [
+                                       {"files": [str(shard_targets(server, nodes, tmp_path / f"{name}.json"))]}]}],
+                                   rule_files=RULE_FILES, scrape_interval="1s", evaluation_interval="5s",
+                                   external_labels={"cluster": name},
+                                   remote_write=[{"url": "", "write_relabel_configs": keep_recorded,
+                                                  "queue_config": {"batch_send_deadline": "1s"}}])
+                  for name, nodes in SHARDS.items()}
+        try:
+            vm.start()
+            reference.start()
+            for shard in shards.values():
+                shard.config["remote_write"][0]["url"] = f"{vm.url}/api/v1/write"
+                shard.start()
+            ref, glob = PromClient(reference.url), PromClient(vm.url)
 
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and ref.scalar("count(flopwatch_gpu_up)") != 48:
-            time.sleep(1)
-        assert ref.scalar("count(flopwatch_gpu_up)") == 48
-        # a minute behind every rate(...[1m]), and the shards' results forwarded
-        time.sleep(70)
-        deadline = time.monotonic() + 40
-        while True:
-            got = {query: glob.scalar(query) for query in GLOBAL}
-            want = {query: ref.scalar(record) for query, record in GLOBAL.items()}
-            off = {q: (got[q], want[q]) for q in GLOBAL
-                   if got[q] is None or want[q] is None or abs(got[q] - want[q]) > TOLERANCE}
-            if not off or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        assert not off, off
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and ref.scalar("count(flopwatch_gpu_up)") != 48:
+                time.sleep(1)
+            assert ref.scalar("count(flopwatch_gpu_up)") == 48
+            # a minute behind every rate(...[1m]), and the shards' results forwarded
+            time.sleep(70)
+            deadline = time.monotonic() + 40
+            while True:
+                got = {query: glob.scalar(query) for query in GLOBAL}
+                want = {query: ref.scalar(record) for query, record in GLOBAL.items()}
+                off = {q: (got[q], want[q]) for q in GLOBAL
+                       if got[q] is None or want[q] is None or abs(got[q] - want[q]) > TOLERANCE}
+                if not off or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+            assert not off, off
 
-        # the global tier holds recorded series only, from both shards
-        assert glob.query('count({__name__!~".+:.+"})') == []
-        clusters = {s.labels["cluster"] for s in glob.query("cluster:flopwatch_peak_flops:sum")}
-        assert clusters == set(SHARDS)
-        # idle GPUs count in the fleet figure only: 48 GPUs' peak vs the 40 the jobs hold
-        peaks = glob.scalar("sum(cluster:flopwatch_peak_flops:sum)")
-        allocated = glob.scalar("sum(job_id:flopwatch_peak_flops:sum)")
-        assert peaks == pytest.approx(allocated * 48 / 40, rel=1e-9)
-        fleet_mfu = want["sum(job_id:flopwatch_model_flops:rate1m) / sum(cluster:flopwatch_peak_flops:sum)"]
-        expected = (0.42 * 24 + 0.30 * 16) / 48
-        assert fleet_mfu == pytest.approx(expected, abs=0.03)
-    finally:
-        stop.set()
-        ticker.join(10)
-        for shard in shards.values():
-            shard.stop()
-        reference.stop()
-        vm.stop()
-        server.stop()
+            # the global tier holds recorded series only, from both shards
+            assert glob.query('count({__name__!~".+:.+"})') == []
+            clusters = {s.labels["cluster"] for s in glob.query("cluster:flopwatch_peak_flops:sum")}
+            assert clusters == set(SHARDS)
+            # idle GPUs count in the fleet figure only: 48 GPUs' peak vs the 40 the jobs hold
+            peaks = glob.scalar("sum(cluster:flopwatch_peak_flops:sum)")
+            allocated = glob.scalar("sum(job_id:flopwatch_peak_flops:sum)")
+            assert peaks == pytest.approx(allocated * 48 / 40, rel=1e-9)
+            fleet_mfu = want["sum(job_id:flopwatch_model_flops:rate1m) / sum(cluster:flopwatch_peak_flops:sum)"]
+            expected = (0.42 * 24 + 0.30 * 16) / 48
+            assert fleet_mfu == pytest.approx(expected, abs=0.03)
+        finally:
+            for shard in shards.values():
+                shard.stop()
+            reference.stop()
+            vm.stop()

@@ -21,10 +21,10 @@ import yaml
 from flopwatch.commands.demo import alertmanager_config, rule_files
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet, node_name
-from flopwatch.sim.scenario import parse
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Alertmanager, VictoriaMetrics, VmAlert
 from flopwatch.stack.webhook import WebhookReceiver
+from integration.fleets import llm_8b_32_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -34,25 +34,13 @@ ALERT_TIMEOUT_S = 120    # chain of N rules lags about N evaluations behind Prom
 SLOW_NODE, SLOW_GPU = 1, 3
 
 
-def scenario():
-    """32 ranks (4 nodes x 8 H100s) of an 8B model at ~4.5 s per step, 2% jitter."""
-    return parse({
-        "name": "vmalert-thermal", "seed": 12, "duration": "1h", "scrape_interval": f"{SCRAPE_S}s",
-        "fleet": {"nodes": 4, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 4},
-        "jobs": [{"id": "llm-8b", "nodes": "0-3",
-                  "model": {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192},
-                  "tokens_per_step": 1048576, "target_mfu": 0.45, "step_jitter": 0.02}],
-        "faults": [],
-    })
-
-
 def vmalert_alerts(url: str) -> list[dict]:
     with urllib.request.urlopen(url + "/api/v1/alerts", timeout=10) as answer:
         return json.load(answer)["data"]["alerts"] or []
 
 
 def test_vmalert_fires_the_same_straggler_alert(tmp_path: Path) -> None:
-    fleet = Fleet(scenario())
+    fleet = Fleet(llm_8b_32_ranks("vmalert-thermal", seed=12, nodes=4, scrape_s=SCRAPE_S))
     for _ in range(24):
         fleet.advance(SCRAPE_S)
     fleet.start_unix = time.time() - fleet.t
