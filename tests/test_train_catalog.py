@@ -44,9 +44,12 @@ def test_train_series_use_the_documented_names_and_labels():
     for name in ("flopwatch_train_steps_total", "flopwatch_train_tokens_total",
                  "flopwatch_train_model_flops_total", "flopwatch_train_hardware_flops_total",
                  "flopwatch_train_last_step_timestamp_seconds"):
-        assert names[name].labels == ("job_id", "rank", "gpu")
-    assert names["flopwatch_train_phase_seconds_total"].labels == ("job_id", "rank", "gpu", "phase")
-    assert names["flopwatch_train_checkpoint_seconds_total"].labels == ("job_id", "rank", "gpu", "kind")
+        assert names[name].labels == ("job_id", "rank", "gpu", "stage", "dp_rank")
+    assert names["flopwatch_train_phase_seconds_total"].labels == ("job_id", "rank", "gpu", "stage", "dp_rank",
+                                                                    "phase")
+    assert names["flopwatch_train_checkpoint_seconds_total"].labels == ("job_id", "rank", "gpu", "stage",
+                                                                         "dp_rank", "kind")
+    assert names["flopwatch_train_comm_min_seconds"].labels == ("job_id", "rank", "gpu", "stage", "dp_rank")
     assert names["flopwatch_train_step_seconds"].labels == ("job_id",)
     assert names["flopwatch_train_events_rejected_total"].labels == ("reason",)
     assert names["flopwatch_train_client_dropped_events_total"].labels == ("job_id", "rank")

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from flopwatch import config as cfg
+from flopwatch.catalog import metrics_of
+from flopwatch.catalog import train as m
 from flopwatch.cli import UsageError
 from flopwatch.commands.agent import build_agent
 from flopwatch.config import TrainOptions
@@ -46,7 +48,13 @@ class _Registry:
         self.registry.register(intake)
 
     def get(self, name: str, **labels: str) -> float | None:
+        """A sample; per-rank series default to a rank that gave no coordinates (stage 0, no dp rank)."""
+        if name in PER_RANK:
+            labels = {"stage": "0", "dp_rank": "", **labels}
         return self.registry.get_sample_value(name, {"node": NODE, **labels})
+
+
+PER_RANK = {metric.name for metric in metrics_of(m) if "stage" in metric.labels}
 
 
 def _datagram(job="job-a", rank=0, steps=1, instance=1, gpu=-1, seconds=1.0, **extra) -> bytes:
@@ -361,3 +369,41 @@ def test_fuzzed_datagrams_never_raise_nor_grow_past_the_caps(datagrams):
     for family in intake.collect():
         for sample in family.samples:
             assert math.isfinite(sample.value) and sample.value >= 0, sample
+
+
+def test_pipeline_coordinates_become_labels_and_the_comm_floor_a_gauge():
+    intake = _intake()
+    now = time.monotonic()
+    intake.handle(_datagram(rank=9, gpu=1, pp_stage=3, pp_size=4, dp_rank=1, dp_size=2,
+                            comm_min_seconds=0.125, comm_min_steps=wire.COMM_MIN_BLOCK), now, 1000.0)
+    intake.handle(_datagram(rank=2, gpu=2), now, 1000.0)          # no coordinates: stage 0, no dp rank
+    intake.update()
+    reg = _Registry(intake)
+    assert reg.get("flopwatch_train_steps_total", job_id="job-a", rank="9", gpu="1", stage="3", dp_rank="1") == 1
+    assert reg.get("flopwatch_train_comm_min_seconds", job_id="job-a", rank="9", gpu="1", stage="3",
+                   dp_rank="1") == 0.125
+    assert reg.get("flopwatch_train_steps_total", job_id="job-a", rank="2", gpu="2") == 1
+    assert reg.get("flopwatch_train_comm_min_seconds", job_id="job-a", rank="2", gpu="2") is None   # no block yet
+
+
+def test_two_ranks_claiming_one_place_in_a_job_are_refused_and_counted():
+    intake = _intake()
+    now = time.monotonic()
+    place = {"pp_stage": 1, "pp_size": 2, "dp_rank": 0, "dp_size": 4}
+    intake.handle(_datagram(rank=4, **place), now, 1000.0)
+    intake.handle(_datagram(rank=5, **place), now, 1000.0)              # same stage and dp rank
+    intake.handle(_datagram(job="job-b", rank=5, **place), now, 1000.0)  # another job: fine
+    intake.handle(_datagram(rank=6, **{**place, "tp_rank": 1}), now, 1000.0)   # a tensor-parallel peer: fine
+    intake.handle(_datagram(rank=7, pp_stage=2, pp_size=2), now, 1000.0)        # out of range
+    intake.update()
+    reg = _Registry(intake)
+    assert reg.get("flopwatch_train_events_rejected_total", reason="duplicate_coordinates") == 1
+    assert reg.get("flopwatch_train_events_rejected_total", reason="bad_coordinates") == 1
+    assert reg.get("flopwatch_train_steps_total", job_id="job-a", rank="5", gpu="", stage="1", dp_rank="0") is None
+    assert reg.get("flopwatch_train_steps_total", job_id="job-b", rank="5", gpu="", stage="1", dp_rank="0") == 1
+    # rank 4 moves elsewhere (a restarted process with new coordinates): its old place is free again
+    intake.handle(_datagram(rank=4, instance=2, **{**place, "dp_rank": 3}), now, 1001.0)
+    intake.handle(_datagram(rank=5, steps=2, **place), now, 1001.0)
+    intake.update()
+    assert _Registry(intake).get("flopwatch_train_steps_total", job_id="job-a", rank="5", gpu="", stage="1",
+                                 dp_rank="0") == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -297,3 +298,49 @@ def test_the_client_imports_neither_the_agent_nor_prometheus_client_nor_torch():
             "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_coordinates_come_from_arguments_or_the_environment_and_are_checked():
+    from flopwatch.train import StepMonitor
+
+    env = {"FLOPWATCH_PP_STAGE": "2", "FLOPWATCH_PP_SIZE": "4", "FLOPWATCH_DP_RANK": "5", "FLOPWATCH_TP_RANK": "1"}
+    mon = StepMonitor(job_id="j", socket_path="/nonexistent/s.sock", environ=env)
+    assert mon.coordinates == (2, 4, 1, 0, 5, 0)
+    mon = StepMonitor(job_id="j", socket_path="/nonexistent/s.sock", environ=env, pp_stage=0, dp_rank=7)
+    assert mon.coordinates == (0, 4, 1, 0, 7, 0)
+    assert StepMonitor(job_id="j", socket_path="/nonexistent/s.sock", environ={}).coordinates == (-1, 0, -1, 0, -1, 0)
+    with pytest.raises(ValueError, match="pp_stage = 4 but the size is 4"):
+        StepMonitor(job_id="j", socket_path="/nonexistent/s.sock", environ={}, pp_stage=4, pp_size=4)
+    mon.set_coordinates(tp_rank=3, tp_size=4)
+    assert mon.coordinates == (0, 4, 3, 4, 7, 0)
+
+
+def test_comm_floor_is_the_shortest_comm_phase_of_the_last_completed_block(tmp_path):
+    import socket as socket_module
+
+    from flopwatch.train import StepMonitor, wire
+
+    path = str(tmp_path / "s.sock")
+    server = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_DGRAM)
+    server.bind(path)
+    server.setblocking(False)
+    mon = StepMonitor(job_id="j", socket_path=path, min_interval=0, environ={}, pp_stage=1, pp_size=2, dp_rank=0)
+    waits = [0.3, 0.2, 0.25, 0.05, 0.4, 0.3, 0.2, 0.1] * 2 + [0.01]     # one block, then one more step
+
+    def last() -> wire.StepRecord:
+        data = None
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                data = server.recv(wire.MAX_DATAGRAM)
+        return wire.decode(data)
+
+    for i, wait in enumerate(waits[:-1]):
+        mon.record_step(1.0, {"compute": 0.6, "comm": wait})
+        if i == 14:
+            assert last().comm_min_steps == 0          # no floor before a block completes
+    record = last()
+    assert record.comm_min_steps == wire.COMM_MIN_BLOCK and record.comm_min_seconds == pytest.approx(0.05)
+    mon.record_step(1.0, {"compute": 0.6, "comm": waits[-1]})      # the next block has not completed
+    assert last().comm_min_seconds == pytest.approx(0.05)
+    assert (record.pp_stage, record.pp_size, record.dp_rank) == (1, 2, 0)
+    server.close()

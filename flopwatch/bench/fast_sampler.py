@@ -311,7 +311,7 @@ class FastSampler:
         gpn = runner.fleet.gpus_per_node
         job_id = runner.spec.id
         ranks = np.array([position * gpn + gpu for _, position in placed for gpu in range(gpn)])
-        rank_keys = [(node.name, job_id, str(position * gpn + gpu), str(gpu))
+        rank_keys = [(node.name, job_id, str(position * gpn + gpu), str(gpu), "0", str(position * gpn + gpu))
                      for node, position in placed for gpu in range(gpn)]
         for metric, array in ((t.STEPS, c.steps), (t.TOKENS, c.tokens), (t.MODEL_FLOPS, c.model_flops),
                               (t.HARDWARE_FLOPS, c.hardware_flops), (t.LAST_STEP, c.last_step_time)):
@@ -328,7 +328,7 @@ class FastSampler:
                 keys = [(*key, "save") for key, k in zip(rank_keys, keep, strict=True) if k]
                 yield self._job_group(t.CHECKPOINT_SECONDS, job_id, f"save{int(keep.sum())}", keys), saved[keep]
         if t.FLOPS_PER_STEP.name in self.wanted:
-            keys = [(node, job, rank, "analytic") for node, job, rank, _ in rank_keys]
+            keys = [(node, job, rank, "analytic") for node, job, rank, *_ in rank_keys]
             yield (self._job_group(t.FLOPS_PER_STEP, job_id, "", keys),
                    np.full(len(keys), runner.flops_per_step / runner.ranks))
         yield from self._histogram(state, placed)

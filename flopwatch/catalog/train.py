@@ -4,7 +4,10 @@ Per (job_id, rank) counters come straight from the client's own running totals (
 datagram), so a lost datagram loses no steps, tokens or FLOPs; a restarted training process shows
 up as an ordinary counter reset. `gpu` is the rank's GPU index on this node (from the process's
 CUDA device or its local_rank) so rules can join to GPU series on (node, gpu); it is empty where
-unknown. The fleet simulator emits exactly these series for simulated jobs.
+unknown. `stage` is the rank's pipeline stage ("0" for a rank that did not say: a one-stage job)
+and `dp_rank` its data-parallel rank (empty where unknown), so rules compare a rank with its peers
+(same job and stage) rather than with the whole job. The fleet simulator emits exactly these series
+for simulated jobs.
 
 MFU per job = sum(rate(flopwatch_train_model_flops_total)) / sum(GPUs x peak dense FLOP/s).
 The straggler is the rank with the most `compute` (or the least `comm`) phase seconds per step.
@@ -13,7 +16,7 @@ The straggler is the rank with the most `compute` (or the least `comm`) phase se
 from flopwatch.catalog import Metric
 from flopwatch.train.wire import STEP_BUCKETS  # clients keep the histogram, so the wire owns buckets
 
-RANK = ("job_id", "rank", "gpu")
+RANK = ("job_id", "rank", "gpu", "stage", "dp_rank")
 
 STEPS = Metric(
     "flopwatch_train_steps_total", "counter", "",
@@ -42,6 +45,13 @@ PHASE_SECONDS = Metric(
 CHECKPOINT_SECONDS = Metric(
     "flopwatch_train_checkpoint_seconds_total", "counter", "seconds",
     "Time this rank spent saving or restoring checkpoints, by kind (save, restore).", (*RANK, "kind"),
+)
+COMM_MIN = Metric(
+    "flopwatch_train_comm_min_seconds", "gauge", "seconds",
+    "Shortest comm phase of one step of this rank over its last completed block of 16 steps: in a "
+    "step where this rank arrived last, its comm time is the collective's own, with no wait for "
+    "others. The job's minimum is the floor against which per-step waiting for stragglers is "
+    "measured.", RANK,
 )
 LAST_STEP = Metric(
     "flopwatch_train_last_step_timestamp_seconds", "gauge", "seconds",
@@ -72,6 +82,8 @@ EVENTS_ACCEPTED = Metric(
 EVENTS_REJECTED = Metric(
     "flopwatch_train_events_rejected_total", "counter", "",
     "Datagrams the intake refused, by reason: truncated, oversized, version, malformed, "
-    "unknown_phase, bad_job_id, bad_rank, bad_value, non_monotonic, too_many_jobs, too_many_ranks, "
-    "rate_limited.", ("reason",),
+    "unknown_phase, bad_job_id, bad_rank, bad_coordinates (a pipeline stage, data- or tensor-parallel "
+    "rank outside its size), duplicate_coordinates (a second rank of the job on this node claiming "
+    "the same stage, data- and tensor-parallel rank), bad_value, non_monotonic, too_many_jobs, "
+    "too_many_ranks, rate_limited.", ("reason",),
 )

@@ -8,8 +8,9 @@ jobs and ranks, raise out of the reader, or move a counter backwards.
 
 Sample output (one rank, abridged):
 
-    flopwatch_train_steps_total{node="n1",job_id="4711",rank="3",gpu="3"} 1200.0
-    flopwatch_train_phase_seconds_total{node="n1",job_id="4711",rank="3",gpu="3",phase="comm"} 41.5
+    flopwatch_train_steps_total{node="n1",job_id="4711",rank="3",gpu="3",stage="1",dp_rank="0"} 1200.0
+    flopwatch_train_phase_seconds_total{node="n1",job_id="4711",rank="3",stage="1",...,phase="comm"} 41.5
+    flopwatch_train_comm_min_seconds{node="n1",job_id="4711",rank="3",gpu="3",stage="1",dp_rank="0"} 0.021
     flopwatch_train_step_seconds_bucket{node="n1",job_id="4711",le="1.0"} 9550.0
     flopwatch_train_events_rejected_total{node="n1",reason="bad_value"} 2.0
 """
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 
 REASONS: tuple[str, ...] = (
     "truncated", "oversized", "version", "malformed", "unknown_phase", "bad_job_id", "bad_rank",
-    "bad_value", "non_monotonic", "too_many_jobs", "too_many_ranks", "rate_limited",
+    "bad_coordinates", "duplicate_coordinates", "bad_value", "non_monotonic", "too_many_jobs",
+    "too_many_ranks", "rate_limited",
 )
 #: Per-rank flood guard: a client sends at most one datagram per step and per second by default.
 RATE_PER_S = 1000.0
@@ -60,8 +62,8 @@ class IntakeError(RuntimeError):
 
 
 class _Rank:
-    __slots__ = ("allowance", "analytic", "bits", "gpu", "gpu_index", "identity", "instance", "job", "key",
-                 "last_step", "measured", "rank", "seen")
+    __slots__ = ("allowance", "analytic", "bits", "comm_min", "coords", "dp_rank", "gpu", "gpu_index", "identity",
+                 "instance", "job", "key", "last_step", "measured", "rank", "seen", "stage")
 
     def __init__(self, job: str, rank: int, key: tuple[bytes, int]) -> None:
         self.job, self.rank, self.key = job, rank, key
@@ -71,17 +73,22 @@ class _Rank:
         self.instance = -1
         self.bits: tuple[int, ...] = ()      # running totals, doubles as their bits (wire.totals_bits)
         self.analytic = self.measured = 0.0
+        self.coords: tuple[int, int, int] | None = None   # (stage, dp rank, tp rank) it claims in its job
+        self.stage, self.dp_rank = "0", ""
+        self.comm_min: float | None = None   # its comm floor, once it has completed a block of steps
         self.last_step = 0.0        # wall time the steps count last grew
         self.seen = 0.0             # monotonic time of the last accepted datagram
         self.allowance = BURST - 1.0      # it is created by admitting one datagram
 
 
 class _Job:
-    __slots__ = ("name", "ranks", "retired_buckets", "retired_seconds")
+    __slots__ = ("claims", "name", "ranks", "retired_buckets", "retired_seconds")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.ranks = 0
+        # (stage, dp rank, tp rank) -> the rank on this node that claims it.
+        self.claims: dict[tuple[int, int, int], int] = {}
         # Histograms of ranks that restarted or expired while the job went on: keeps it monotonic.
         self.retired_buckets = [0] * wire.N_BUCKETS
         self.retired_seconds = 0.0
@@ -102,7 +109,7 @@ T_SAVE, T_RESTORE, T_PHASES = wire.I_SAVE - _T, wire.I_RESTORE - _T, wire.I_PHAS
 
 @dataclass(frozen=True)
 class _Snapshot:
-    ranks: tuple[tuple[str, str, str, tuple, float, float, float], ...] = ()
+    ranks: tuple[tuple[str, str, str, str, str, tuple, float, float, float, float | None], ...] = ()
     jobs: tuple[tuple[str, tuple[int, ...], float], ...] = ()
     accepted: int = 0
     rejected: tuple[tuple[str, int], ...] = ()
@@ -205,6 +212,8 @@ class TrainIntake:
         if state is None:
             state = self._ranks.get((job, record[wire.I_RANK]))
             if state is None:
+                if self._claimed_by_other(job, record):
+                    return
                 state = self._admit(job, record[wire.I_RANK])
                 if state is None:
                     return
@@ -217,6 +226,8 @@ class TrainIntake:
                 state.instance = record[wire.I_INSTANCE]
             elif not all(map(_ge, bits, state.bits)):
                 self.rejected["non_monotonic"] += 1
+                return
+            if not self._claim(state, record):
                 return
             self._identify(state, data, record)
         elif not self._allowed(state, now):
@@ -239,6 +250,31 @@ class TrainIntake:
         state.allowance = min(allowance, BURST) - 1.0
         return True
 
+    def _claimed_by_other(self, job: bytes, record: tuple) -> bool:
+        """Whether another live rank of `job` here already claims this datagram's coordinates."""
+        key = _coordinates(record)
+        known = self._jobs.get(job)
+        if key is None or known is None or known.claims.get(key, record[wire.I_RANK]) == record[wire.I_RANK]:
+            return False
+        self.rejected["duplicate_coordinates"] += 1
+        return True
+
+    def _claim(self, state: _Rank, record: tuple) -> bool:
+        """Take the coordinates of a rank's datagram, unless another rank of its job holds them."""
+        key = _coordinates(record)
+        if key == state.coords:
+            return True
+        claims = self._jobs[state.key[0]].claims
+        if key is not None and claims.get(key, state.rank) != state.rank:
+            self.rejected["duplicate_coordinates"] += 1
+            return False
+        if state.coords is not None:
+            claims.pop(state.coords, None)
+        if key is not None:
+            claims[key] = state.rank
+        state.coords = key
+        return True
+
     def _identify(self, state: _Rank, data: bytes, record: tuple) -> None:
         """Take the sender details of a datagram that passed `split`; re-key the fast path."""
         if state.identity is not None:
@@ -247,6 +283,10 @@ class TrainIntake:
         if state.identity is not None:
             self._by_identity[state.identity] = state
         state.analytic, state.measured = record[wire.I_ANALYTIC], record[wire.I_MEASURED]
+        stage, dp_rank = record[wire.I_PP_STAGE], record[wire.I_DP_RANK]
+        state.stage = str(stage) if stage >= 0 else "0"
+        state.dp_rank = str(dp_rank) if dp_rank >= 0 else ""
+        state.comm_min = record[wire.I_COMM_MIN] if record[wire.I_COMM_MIN_STEPS] else None
         if record[wire.I_GPU] != state.gpu_index:
             state.gpu_index = record[wire.I_GPU]
             state.gpu = str(state.gpu_index) if state.gpu_index >= 0 else ""
@@ -287,6 +327,8 @@ class TrainIntake:
                         del self._by_identity[state.identity]
                     record = self._jobs[key[0]]
                     record.ranks -= 1
+                    if state.coords is not None and record.claims.get(state.coords) == state.rank:
+                        del record.claims[state.coords]
                     if record.ranks:
                         self._retire(state)
                     else:
@@ -295,8 +337,8 @@ class TrainIntake:
             histograms: dict[bytes, list] = {}     # job -> [seconds, count per bucket...]
             for (job, _), state in self._ranks.items():
                 totals = wire.totals_of(state.bits)
-                ranks.append((state.job, str(state.rank), state.gpu, totals, state.analytic,
-                              state.measured, state.last_step))
+                ranks.append((state.job, str(state.rank), state.gpu, state.stage, state.dp_rank, totals,
+                              state.analytic, state.measured, state.last_step, state.comm_min))
                 sums = histograms.get(job)
                 if sums is None:
                     record = self._jobs[job]
@@ -314,9 +356,9 @@ class TrainIntake:
                                           m.HARDWARE_FLOPS.family())
         phase, checkpoint, last, dropped = (m.PHASE_SECONDS.family(), m.CHECKPOINT_SECONDS.family(),
                                             m.LAST_STEP.family(), m.CLIENT_DROPPED.family())
-        per_step = m.FLOPS_PER_STEP.family()
-        for job, rank, gpu, totals, analytic, measured, last_step in snap.ranks:
-            labels = [node, job, rank, gpu]
+        per_step, comm_min = m.FLOPS_PER_STEP.family(), m.COMM_MIN.family()
+        for job, rank, gpu, stage, dp_rank, totals, analytic, measured, last_step, floor in snap.ranks:
+            labels = [node, job, rank, gpu, stage, dp_rank]
             steps.add_metric(labels, totals[T_STEPS])
             tokens.add_metric(labels, totals[T_TOKENS])
             model.add_metric(labels, totals[T_MODEL])
@@ -327,6 +369,8 @@ class TrainIntake:
             checkpoint.add_metric([*labels, "restore"], totals[T_RESTORE])
             if last_step:
                 last.add_metric(labels, last_step)
+            if floor is not None:
+                comm_min.add_metric(labels, floor)
             dropped.add_metric([node, job, rank], totals[T_DROPPED])
             if analytic:
                 per_step.add_metric([node, job, rank, "analytic"], analytic)
@@ -344,7 +388,7 @@ class TrainIntake:
         rejected = m.EVENTS_REJECTED.family()
         for reason, count in snap.rejected:
             rejected.add_metric([node, reason], count)
-        for family in (steps, tokens, model, hardware, phase, checkpoint, last, histogram, per_step,
+        for family in (steps, tokens, model, hardware, phase, checkpoint, last, comm_min, histogram, per_step,
                        dropped, accepted, rejected):
             if family.samples:
                 yield family
@@ -362,6 +406,13 @@ class TrainIntake:
                     self.path.unlink()
             except OSError:
                 pass
+
+
+def _coordinates(record: tuple) -> tuple[int, int, int] | None:
+    """What a rank claims to be in its job (stage, dp rank, tp rank), or None when it does not say."""
+    if record[wire.I_DP_RANK] < 0:
+        return None
+    return record[wire.I_PP_STAGE], record[wire.I_DP_RANK], record[wire.I_TP_RANK]
 
 
 def _le(bound: float) -> str:

@@ -5,7 +5,7 @@ specs the real collectors use, rendered by the agent's own Agent/renderer.
 Sample output (abridged):
 
     flopwatch_gpu_sm_clock_hertz{node="node0003",gpu="5"} 1.8216e+09
-    flopwatch_train_phase_seconds_total{node="node0003",job_id="llm-8b",rank="29",gpu="5",phase="compute"} 1190.2
+    flopwatch_train_phase_seconds_total{node="node0003",job_id="llm-8b",rank="29",stage="0",...,phase="compute"} 1190.2
     flopwatch_nic_data_bytes_total{node="node0003",device="mlx5_0",port="1",direction="tx"} 8.1e+12
     flopwatch_gpu_job_info{node="node0003",gpu="5",job_id="llm-8b",user="ml-team"} 1.0
 """
@@ -74,7 +74,7 @@ class SimTrainCollector(_NodeCollector):
             per_rank_flops = runner.flops_per_step / runner.ranks
             for gpu in range(gpn):
                 rank = position * gpn + gpu
-                labels = (job_id, str(rank), str(gpu))
+                labels = (job_id, str(rank), str(gpu), "0", str(rank))
                 put(m.STEPS, labels, c.steps[rank])
                 put(m.TOKENS, labels, c.tokens[rank])
                 put(m.MODEL_FLOPS, labels, c.model_flops[rank])

@@ -16,6 +16,12 @@ every total, the step-time histogram included, up to date.
     mon.checkpoint(seconds=12.5, kind="save")
 
 Phases are sequential (not nested); time in a step outside every phase counts as `other`.
+
+In a pipeline (3D-parallel) job each rank also says where it sits — `pp_stage`, `dp_rank`,
+`tp_rank` (and the sizes when known), or FLOPWATCH_PP_STAGE / FLOPWATCH_DP_RANK /
+FLOPWATCH_TP_RANK — so the rules compare it with its peers of the same stage; a rank that says
+nothing is stage 0 of a one-stage job. Each rank also keeps its shortest comm phase over blocks
+of steps (a comparison per step): the job's floor for measuring per-step waiting.
 """
 
 from __future__ import annotations
@@ -46,8 +52,11 @@ JOB_ENV = ("FLOPWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 RANK_ENV = ("RANK", "SLURM_PROCID")
 LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID")
 GPU_ENV = "FLOPWATCH_GPU"
+PP_STAGE_ENV, DP_RANK_ENV, TP_RANK_ENV = ("FLOPWATCH_PP_STAGE",), ("FLOPWATCH_DP_RANK",), ("FLOPWATCH_TP_RANK",)
+PP_SIZE_ENV, DP_SIZE_ENV, TP_SIZE_ENV = ("FLOPWATCH_PP_SIZE",), ("FLOPWATCH_DP_SIZE",), ("FLOPWATCH_TP_SIZE",)
 
 _OTHER = wire.PHASE_INDEX["other"]
+_COMM = wire.PHASE_INDEX["comm"]
 _MONITORS: weakref.WeakSet[StepMonitor] = weakref.WeakSet()
 
 
@@ -138,6 +147,12 @@ class StepMonitor:
         socket_path: str | None = None,
         min_interval: float = DEFAULT_MIN_INTERVAL_S,
         environ: Mapping[str, str] | None = None,
+        pp_stage: int | None = None,
+        dp_rank: int | None = None,
+        tp_rank: int | None = None,
+        pp_size: int | None = None,
+        dp_size: int | None = None,
+        tp_size: int | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         analytic = measured = 0.0
@@ -165,6 +180,8 @@ class StepMonitor:
         self.gpu = (resolve_gpu(None, self.local_rank, env) if gpu is None
                     else _env_int(gpu, (), env, -1, -1, 32767, "GPU index"))
         self.instance = random.getrandbits(32)
+        self.coordinates = _coordinates(env, pp_stage=pp_stage, pp_size=pp_size, dp_rank=dp_rank,
+                                        dp_size=dp_size, tp_rank=tp_rank, tp_size=tp_size)
         self.socket_paths = [socket_path] if socket_path else wire.socket_candidates(env)
         if not 0 <= min_interval <= 60:
             raise ValueError(f"StepMonitor: min_interval = {min_interval!r}; expected 0 to 60 seconds")
@@ -188,8 +205,15 @@ class StepMonitor:
         job = self.job_id.encode("ascii")
         # Who we are rarely changes: pack it once; each send packs only the running totals.
         self._totals = struct.Struct(wire.TOTALS.format + "d" * len(wire.PHASES))
-        self._buffer = bytearray(wire.HEAD.size + self._totals.size) + wire.GAUGES.pack(analytic, measured) + job
+        self._buffer = bytearray(wire.HEAD.size + self._totals.size) + wire.GAUGES.pack(analytic, measured) \
+            + bytes(wire.COORDS.size) + job
+        self._coords_at = wire.HEAD.size + self._totals.size + wire.GAUGES.size
+        self._comm_seen = 0.0          # comm phase total at the end of the last step
+        self._block_min = math.inf     # shortest comm phase of a step in the current block
+        self._block_steps = 0
+        self.comm_min: float | None = None   # of the last completed block
         self._pack_head()
+        self._pack_coordinates()
         self._sock: socket.socket | None = None
         self._next_connect = 0.0
         self._next_send = 0.0
@@ -254,6 +278,18 @@ class StepMonitor:
         except Exception as error:
             self._internal_error(error)
 
+    def set_coordinates(self, *, pp_stage: int | None = None, dp_rank: int | None = None,
+                        tp_rank: int | None = None, pp_size: int | None = None, dp_size: int | None = None,
+                        tp_size: int | None = None) -> None:
+        """Where this rank sits in a 3D-parallel job, once known (the PyTorch integration reads the
+        device mesh); None leaves a coordinate as it was. Invalid values raise ValueError."""
+        given = {"pp_stage": pp_stage, "pp_size": pp_size, "tp_rank": tp_rank, "tp_size": tp_size,
+                 "dp_rank": dp_rank, "dp_size": dp_size}
+        merged = {name: value if value is not None else current
+                  for (name, value), current in zip(given.items(), self.coordinates, strict=True)}
+        self.coordinates = _coordinates({}, **merged)
+        self._pack_coordinates()
+
     def set_gpu(self, gpu: int) -> None:
         """The GPU index this rank uses, once known (the PyTorch integration reads the model's device)."""
         if isinstance(gpu, int) and -1 <= gpu <= 32767:
@@ -292,8 +328,24 @@ class StepMonitor:
         wire.HEAD.pack_into(self._buffer, 0, wire.VERSION, 0, wire.ALL_PHASES_MASK, len(self.job_id),
                             self.rank, self.local_rank, self.gpu, self.instance)
 
+    def _pack_coordinates(self) -> None:
+        comm_min = self.comm_min
+        wire.COORDS.pack_into(self._buffer, self._coords_at, *self.coordinates,
+                              comm_min if comm_min is not None else 0.0,
+                              wire.COMM_MIN_BLOCK if comm_min is not None else 0)
+
     def _complete_step(self, seconds: float, now: float) -> None:
         tokens = self._step_tokens
+        comm = self._phase_totals[_COMM]
+        step_comm = comm - self._comm_seen
+        self._comm_seen = comm
+        if step_comm < self._block_min:   # noqa: PLR1730 (a comparison is cheaper than min() per step)
+            self._block_min = step_comm
+        self._block_steps += 1
+        if self._block_steps == wire.COMM_MIN_BLOCK:
+            self.comm_min = max(self._block_min, 0.0)
+            self._block_min, self._block_steps = math.inf, 0
+            self._pack_coordinates()
         self.steps += 1
         self.step_seconds += seconds
         self.buckets[bisect_left(wire.STEP_BUCKETS, seconds)] += 1
@@ -395,6 +447,25 @@ def _flush_all() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_flush_all)
+
+
+def _coordinates(env: Mapping[str, str], **given: int | None) -> tuple[int, int, int, int, int, int]:
+    """(pp_stage, pp_size, tp_rank, tp_size, dp_rank, dp_size) from arguments, else the environment;
+    -1 / 0 where unknown. A rank at or beyond its size is refused (ValueError)."""
+    def one(name: str, env_names: tuple[str, ...], default: int, low: int, high: int) -> int:
+        return _env_int(given[name], env_names, env, default, low, high, name.replace("_", " "))
+
+    stage = one("pp_stage", PP_STAGE_ENV, -1, -1, wire.MAX_STAGES - 1)
+    stages = one("pp_size", PP_SIZE_ENV, 0, 0, wire.MAX_STAGES)
+    tp_rank = one("tp_rank", TP_RANK_ENV, -1, -1, 32767)
+    tp_size = one("tp_size", TP_SIZE_ENV, 0, 0, 32767)
+    dp_rank = one("dp_rank", DP_RANK_ENV, -1, -1, wire.MAX_PARALLEL - 1)
+    dp_size = one("dp_size", DP_SIZE_ENV, 0, 0, wire.MAX_PARALLEL)
+    for what, index, count in (("pp_stage", stage, stages), ("tp_rank", tp_rank, tp_size),
+                               ("dp_rank", dp_rank, dp_size)):
+        if count and index >= count:
+            raise ValueError(f"StepMonitor: {what} = {index} but the size is {count}; expected 0..{count - 1}")
+    return stage, stages, tp_rank, tp_size, dp_rank, dp_size
 
 
 def _job_from_env(env: Mapping[str, str]) -> str:

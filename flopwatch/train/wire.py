@@ -6,8 +6,10 @@ totals* — steps, tokens, FLOPs, phase seconds and its own step-time histogram 
 a datagram lost while the agent restarts or its queue is full costs nothing but freshness, and a
 restarted training process (a new `instance`) is an ordinary counter reset.
 
-Layout, little-endian, version 1: a fixed part of 172 bytes, the phase totals, the two gauges,
-then the job id.
+Layout, little-endian. Version 2 (what clients send): a fixed part of 172 bytes, the phase totals,
+the two gauges, the parallel coordinates and the comm floor (28 bytes), then the job id. Version 1
+is the same without the 28 bytes; the intake reads both, and a version 1 sender is stage 0 of a
+one-stage job with no comm floor.
 
     B version         1
     B flags           reserved, 0
@@ -24,11 +26,19 @@ then the job id.
       checkpoint_restore_seconds
     popcount(phase_mask) x d   phase seconds totals, in PHASES order
     d analytic_flops_per_step, measured_flops_per_step   (fixed per client process; 0: not known)
+    version 2 only:
+    h pp_stage, h pp_size      pipeline stage (-1 unknown) and stages in the job (0 unknown)
+    h tp_rank, h tp_size       tensor-parallel rank (-1) and size (0)
+    i dp_rank, i dp_size       data-parallel rank (-1) and size (0)
+    d comm_min_seconds         shortest comm phase of one step over the last completed block
+    I comm_min_steps           steps in that block (0: no block completed yet, no floor)
     job_len bytes     job_id
 
 So that the intake's hot path is two slices of one unpacked tuple, the running totals are
 contiguous and so are the floats (tokens to the gauges), which must be finite and not negative
-(not even -0.0: the check reads their sign bits).
+(not even -0.0: the check reads their sign bits). Everything after the running totals (gauges,
+coordinates, comm floor, job id) changes rarely, so it forms the datagram's identity with the head:
+the comm floor changes once per block of steps, not per datagram.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 KNOWN_FLAGS = 0
 
 PHASES: tuple[str, ...] = ("data", "compute", "comm", "optimizer", "other")
@@ -76,7 +87,18 @@ RECORD_STRUCTS: tuple[struct.Struct, ...] = tuple(
     struct.Struct(HEAD.format + TOTALS.format[1:] + "d" * bin(mask).count("1") + GAUGES.format[1:])
     for mask in range(ALL_PHASES_MASK + 1)
 )
-MAX_DATAGRAM = RECORD_STRUCTS[ALL_PHASES_MASK].size + MAX_JOB_ID   # 292 bytes
+#: Version 2's parallel coordinates and comm floor, between the gauges and the job id.
+COORDS = struct.Struct("<hhhhiidI")
+MAX_STAGES = 4096
+MAX_PARALLEL = MAX_RANK
+#: The block of steps over which a client keeps its shortest comm phase.
+COMM_MIN_BLOCK = 16
+MAX_DATAGRAM = RECORD_STRUCTS[ALL_PHASES_MASK].size + COORDS.size + MAX_JOB_ID   # 320 bytes
+#: Indices of the coordinates appended to a record by split() (defaults for version 1).
+I_PP_STAGE = I_MEASURED + 1
+I_PP_SIZE, I_TP_RANK, I_TP_SIZE, I_DP_RANK, I_DP_SIZE = range(I_PP_STAGE + 1, I_PP_STAGE + 6)
+I_COMM_MIN, I_COMM_MIN_STEPS = I_PP_STAGE + 6, I_PP_STAGE + 7
+NO_COORDS = (-1, 0, -1, 0, -1, 0, 0.0, 0)
 
 DEFAULT_SOCKET = "/run/flopwatch/steps.sock"
 SOCKET_ENV = "FLOPWATCH_SOCKET"
@@ -111,6 +133,20 @@ class StepRecord:
     dropped: int = 0
     buckets: tuple[int, ...] = ()
     phases: dict[str, float] = field(default_factory=dict)
+    pp_stage: int = -1
+    pp_size: int = 0
+    tp_rank: int = -1
+    tp_size: int = 0
+    dp_rank: int = -1
+    dp_size: int = 0
+    comm_min_seconds: float = 0.0
+    comm_min_steps: int = 0
+    version: int = VERSION
+
+    @property
+    def coordinates(self) -> tuple:
+        return (self.pp_stage, self.pp_size, self.tp_rank, self.tp_size, self.dp_rank, self.dp_size,
+                self.comm_min_seconds, self.comm_min_steps)
 
 
 def encode(record: StepRecord) -> bytes:
@@ -123,12 +159,13 @@ def encode(record: StepRecord) -> bytes:
             mask |= 1 << i
             totals.append(record.phases[name])
     buckets = record.buckets or (0,) * (N_BUCKETS - 1) + (record.steps,)
+    coords = COORDS.pack(*record.coordinates) if record.version >= 2 else b""
     return RECORD_STRUCTS[mask].pack(
-        VERSION, 0, mask, len(job), record.rank, record.local_rank, record.gpu, record.instance,
+        record.version, 0, mask, len(job), record.rank, record.local_rank, record.gpu, record.instance,
         record.steps, record.dropped, *buckets, record.tokens, record.model_flops, record.hardware_flops,
         record.step_seconds, record.checkpoint_save_seconds, record.checkpoint_restore_seconds, *totals,
         record.analytic_flops_per_step, record.measured_flops_per_step,
-    ) + job
+    ) + coords + job
 
 
 def decode(data: bytes) -> StepRecord:
@@ -139,6 +176,7 @@ def decode(data: bytes) -> StepRecord:
         record[I_ANALYTIC], record[I_MEASURED], record[I_STEPS], record[I_TOKENS], record[I_MODEL],
         record[I_HARDWARE], record[I_STEP_SECONDS], record[I_SAVE], record[I_RESTORE], record[I_DROPPED],
         record[I_BUCKETS:I_TOKENS], dict(zip(PHASES, record[I_PHASES:I_ANALYTIC], strict=True)),
+        *record[I_PP_STAGE:I_COMM_MIN_STEPS + 1], version=record[0],
     )
 
 
@@ -191,21 +229,26 @@ def totals_of(bits: tuple[int, ...]) -> tuple:
 
 
 def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple, bytes]:
-    """(record fields with all five phase totals, job_id bytes) of a valid datagram, else WireError.
+    """(record fields with all five phase totals and the coordinates, job_id bytes), else WireError.
 
-    A phase the mask leaves out reads as 0.0. Checks all that one datagram alone can show; the
-    intake checks the rest (monotonic totals, caps, rates). `trusted_jobs`: job ids already checked.
+    A phase the mask leaves out reads as 0.0; a version 1 datagram gets NO_COORDS. Checks all that
+    one datagram alone can show; the intake checks the rest (monotonic totals, caps, rates,
+    coordinates claimed twice). `trusted_jobs`: job ids already checked.
     """
     size = len(data)
-    if size <= _FULL_SIZE or size > MAX_DATAGRAM or data[0] != VERSION or data[2] != ALL_PHASES_MASK:
+    version = data[0] if size else 0
+    extra = COORDS.size if version == 2 else 0
+    if size <= _FULL_SIZE + extra or size > MAX_DATAGRAM or version not in VERSIONS \
+            or data[2] != ALL_PHASES_MASK:
         record = _odd_shape(data)               # partial phase masks and everything invalid
     else:
         record = _FULL.unpack_from(data)
-        if size != _FULL_SIZE + record[I_JOB_LEN]:
-            raise WireError("truncated" if size < _FULL_SIZE + record[I_JOB_LEN] else "malformed",
-                            f"{size} bytes, expected {_FULL_SIZE + record[I_JOB_LEN]}")
+        expected = _FULL_SIZE + extra + record[I_JOB_LEN]
+        if size != expected:
+            raise WireError("truncated" if size < expected else "malformed", f"{size} bytes, expected {expected}")
         if max(_FLOAT_BITS.unpack_from(data, _FLOAT_OFFSET)) >= _INF_BITS:
             raise WireError("bad_value", "numbers must be finite and not negative")
+        record += COORDS.unpack_from(data, _FULL_SIZE) if extra else NO_COORDS
     job = data[-record[I_JOB_LEN]:]
     if job not in trusted_jobs:
         check_job_id(job)
@@ -216,7 +259,21 @@ def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple
                         f"gpu {record[I_GPU]}")
     if sum(record[I_BUCKETS:I_TOKENS]) != record[I_STEPS]:
         raise WireError("malformed", "bucket counts do not add up to the step count")
+    if extra:
+        check_coordinates(record[I_PP_STAGE:])
     return record, job
+
+
+def check_coordinates(coords: tuple) -> None:
+    """Each parallel rank in -1 (unknown) .. its size - 1 (size 0: unknown); a sane comm floor."""
+    stage, stages, tp_rank, tp_size, dp_rank, dp_size, comm_min, _ = coords
+    for what, index, count, limit in (("pipeline stage", stage, stages, MAX_STAGES),
+                                      ("tensor-parallel rank", tp_rank, tp_size, MAX_PARALLEL),
+                                      ("data-parallel rank", dp_rank, dp_size, MAX_PARALLEL)):
+        if not -1 <= index < limit or not 0 <= count <= limit or (count and index >= count):
+            raise WireError("bad_coordinates", f"{what} {index} of {count}")
+    if not 0.0 <= comm_min < math.inf or math.copysign(1.0, comm_min) < 0:
+        raise WireError("bad_value", "numbers must be finite and not negative")
 
 
 def _odd_shape(data: bytes) -> tuple:
@@ -226,26 +283,29 @@ def _odd_shape(data: bytes) -> tuple:
         raise WireError("oversized", f"{size} bytes, at most {MAX_DATAGRAM}")
     if size == 0:
         raise WireError("truncated", "empty datagram")
-    if data[0] != VERSION:
-        raise WireError("version", f"version {data[0]}, this agent reads {VERSION}")
+    if data[0] not in VERSIONS:
+        raise WireError("version", f"version {data[0]}, this agent reads {', '.join(map(str, VERSIONS))}")
     if size < 3:
         raise WireError("truncated", f"{size} bytes")
     mask = data[2]
     if mask > ALL_PHASES_MASK:
         raise WireError("unknown_phase", f"phase mask {mask:#x}")
     struct_ = RECORD_STRUCTS[mask]
-    if size < struct_.size:
-        raise WireError("truncated", f"{size} bytes, the fixed part and phases alone are {struct_.size}")
+    extra = COORDS.size if data[0] == 2 else 0
+    fixed = struct_.size + extra
+    if size < fixed:
+        raise WireError("truncated", f"{size} bytes, the fixed part and phases alone are {fixed}")
     record = struct_.unpack_from(data)
-    if size != struct_.size + record[I_JOB_LEN] or record[I_JOB_LEN] == 0:
-        raise WireError("truncated" if size < struct_.size + record[I_JOB_LEN] else "malformed",
-                        f"{size} bytes, expected {struct_.size + record[I_JOB_LEN]}")
+    if size != fixed + record[I_JOB_LEN] or record[I_JOB_LEN] == 0:
+        raise WireError("truncated" if size < fixed + record[I_JOB_LEN] else "malformed",
+                        f"{size} bytes, expected {fixed + record[I_JOB_LEN]}")
     floats = record[I_TOKENS:]
     if not (sum(floats) < math.inf and min(floats) >= 0.0) or any(math.copysign(1.0, f) < 0 for f in floats):
         raise WireError("bad_value", "numbers must be finite and not negative")   # (-0.0 included)
     phases = iter(record[I_PHASES:-2])
+    coords = COORDS.unpack_from(data, struct_.size) if extra else NO_COORDS
     return record[:I_PHASES] + tuple(next(phases) if mask >> i & 1 else 0.0 for i in range(len(PHASES))) \
-        + record[-2:]
+        + record[-2:] + coords
 
 
 def check_job_id(job: bytes) -> None:
