@@ -262,6 +262,8 @@ class NvmlBackend(GpuBackend):
             log.warning("NVML reports the driver uninitialised; re-initialising NVML")
             if self.xids is not None:
                 self.xids.stop()
+            for device in self.devices:  # GPM buffers belong to the old session: free them, or leak them
+                self._free_gpm(device)
             try:
                 nvml.nvmlShutdown()
             except nvml.NVMLError as error:
