@@ -36,7 +36,8 @@ def test_from_and_to_accept_iso_dates_unix_seconds_and_now():
     ("7d", "2026-11-16", None, "either --last or --from/--to"),
     (None, None, "2026-11-16", "--to needs --from"),
     ("seven days", None, None, "expected a duration like 24h, 7d or 2w"),
-    ("10m", None, None, "at least 1h"),
+    ("30s", None, None, "at least 1m"),
+    (None, str(int(NOW - 30)), None, "at least 1m"),
     (None, "2026-11-23", "2026-11-16", "must come after --from"),
     (None, "last tuesday", None, "expected a time like 2026-11-23"),
 ])

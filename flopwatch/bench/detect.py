@@ -1,7 +1,7 @@
 """The detection benchmark: a suite of scenarios through the real rules, scored against truth.
 
-    suite = load_suite("bench/scenarios")
-    report = run_suite(suite, rules.load("alerts", ...), progress=...)
+    suite = load_suite(resources.folder("scenarios"))
+    report = run_suite(suite, resources.folder("alerts"), progress=...)
 
 Each scenario runs in its own throwaway Prometheus (engine.py); scoring.py turns the alert
 episodes, the MFU the rules recorded and the simulator's truth into the figures of issue 10.

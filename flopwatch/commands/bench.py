@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from flopwatch import resources
 from flopwatch.bench import detect
 from flopwatch.bench.engine import EngineError
 from flopwatch.bench.rules import RuleFileError
@@ -28,10 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "wall-clock) and score the alerts against the simulator's ground truth: detection latency, "
         "precision, recall, cause accuracy, false alerts per 1,000 GPU-days and MFU error.",
     )
-    det.add_argument("--scenarios", required=True, metavar="PATH",
-                     help="a scenario file or a directory of them (the shipped suite: bench/scenarios)")
-    det.add_argument("--rules", default="alerts", metavar="PATH",
-                     help="a rule file or a directory of them (default: alerts)")
+    det.add_argument("--scenarios", metavar="PATH",
+                     help="a scenario file or a directory of them (default: the shipped suite, bench/scenarios)")
+    det.add_argument("--rules", metavar="PATH",
+                     help="a rule file or a directory of them (default: the shipped rules, alerts/)")
     det.add_argument("--json", metavar="OUT", help="write every figure, per fault and per alert, here")
     det.add_argument("--quick", action="store_true",
                      help=f"only scenarios of at most {detect.QUICK_MAX_GPUS} GPUs, cut to "
@@ -54,7 +55,7 @@ def _interrupt(*_: object) -> None:
 def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     if args.bench != "detect":
-        raise UsageError("name a benchmark: flopwatch bench detect --scenarios PATH (see --help)")
+        raise UsageError("name a benchmark: flopwatch bench detect (see --help)")
     setup_logging(args.log_level)
     interval = None
     if args.evaluation_interval:
@@ -64,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(error)) from None
         if interval <= 0:
             raise UsageError("--evaluation-interval: must be longer than 0s")
+    try:
+        args.scenarios = args.scenarios or resources.folder("scenarios")
+        args.rules = args.rules or resources.folder("alerts")
+    except resources.MissingResource as error:
+        raise RuntimeFailure(str(error)) from None
     try:
         scenarios = detect.load_suite(args.scenarios, args.only)
         detect.rule_files.rule_files(args.rules)

@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
+from flopwatch import resources
 from flopwatch.cli import RuntimeFailure, UsageError
 from flopwatch.promql import PromClient, PromError
 from flopwatch.sim.fleet import Fleet, node_name
@@ -33,8 +34,6 @@ from flopwatch.sim.scenarios import shipped
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Alertmanager, Prometheus, ServerError
 from flopwatch.stack.webhook import WebhookReceiver
-
-ALERTS_DIR = Path(__file__).resolve().parents[2] / "alerts"
 
 #: PromQL the view runs; the same expressions a user can paste into Prometheus.
 ALLOCATED_PEAK = ('sum by (job_id) (flopwatch_gpu_peak_dense_flops{dtype="bf16"} '
@@ -130,17 +129,12 @@ def render(view: View, pages: list[dict], elapsed: float, prometheus_url: str) -
 
 
 def alertmanager_config(webhook_url: str) -> dict:
-    """alerts/alertmanager.yml (routes, inhibitions, templates) with every receiver's integrations
-    replaced by the local webhook, so nothing leaves the machine, and waits cut to seconds."""
-    path = ALERTS_DIR / "alertmanager.yml"
-    if not path.is_file():
-        return {
-            "route": {"receiver": "webhook", "group_by": ["alertname", "job_id", "node"], "group_wait": "1s",
-                      "group_interval": "5s", "repeat_interval": "1h"},
-            "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
-        }
+    """FlopWatch's alertmanager.yml (routes, inhibitions, templates) with every receiver's
+    integrations replaced by the local webhook, so nothing leaves the machine, and waits cut to
+    seconds. A missing config is an error (resources.MissingResource), not a quiet stand-in."""
+    path = resources.file("alerts", "alertmanager.yml")
     config = yaml.safe_load(path.read_text())
-    config["templates"] = [str(ALERTS_DIR / pattern) for pattern in config.get("templates", [])]
+    config["templates"] = [str(path.parent / pattern) for pattern in config.get("templates", [])]
     for receiver in config["receivers"]:
         for key in [key for key in receiver if key.endswith("_configs")]:
             del receiver[key]
@@ -154,7 +148,8 @@ def alertmanager_config(webhook_url: str) -> dict:
 
 
 def rule_files() -> list[Path]:
-    return sorted(p for p in ALERTS_DIR.glob("*.yml") if p.name != "alertmanager.yml") if ALERTS_DIR.is_dir() else []
+    """The shipped rule files; none at all is an error naming where they should be."""
+    return resources.rule_files()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,14 +163,36 @@ def run(args: argparse.Namespace) -> int:
             scenario = _resize(scenario, args.nodes)
         except ScenarioError as error:
             raise UsageError(str(error)) from None
+    try:  # before anything starts: a broken install says what is missing
+        rules = rule_files()
+        resources.file("alerts", "alertmanager.yml")
+    except resources.MissingResource as error:
+        raise RuntimeFailure(str(error)) from None
+    stop = threading.Event()
+    ended_by: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        ended_by.append(signum)
+        stop.set()
+
+    watched = [signal.SIGTERM, signal.SIGINT]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # under nohup the demo outlives its terminal
+        watched.append(signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in watched}
+    try:
+        return _run_stack(args, scenario, rules, stop, ended_by)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run_stack(args: argparse.Namespace, scenario: Scenario, rules: list[Path], stop: threading.Event,
+               ended_by: list[int]) -> int:
+    """Start the fleet, Alertmanager and Prometheus, show the live view until --duration or a
+    signal, write the report over the demo's own span, and stop everything whatever happens."""
     console = Console(stderr=True)
-    inject_after = args.inject_after
-    if args.duration > 0 and inject_after > args.duration / 3:
-        inject_after = args.duration / 3
     fleet = Fleet(scenario, start_unix=time.time())
     server = FleetServer(fleet)
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     workdir = Path(tempfile.mkdtemp(prefix="flopwatch-demo-"))
     webhook = WebhookReceiver().start()
     alertmanager = Alertmanager(alertmanager_config(webhook.url))
@@ -187,26 +204,18 @@ def run(args: argparse.Namespace) -> int:
         alertmanager.start()
         prometheus = Prometheus(
             [{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(file_sd)]}]}],
-            rule_files=rule_files(), alertmanagers=[alertmanager.url],
+            rule_files=rules, alertmanagers=[alertmanager.url],
             scrape_interval=f"{scenario.scrape_interval:g}s", evaluation_interval=f"{scenario.scrape_interval:g}s",
         ).start()
+        began = time.time()
         ticker.start()
         client = PromClient(prometheus.url, timeout=10)
         console.print(f"{len(fleet.nodes)} simulated nodes, Prometheus {prometheus.url}, Alertmanager "
                       f"{alertmanager.url}; Ctrl-C stops everything")
-        started = time.monotonic()
-        deadline = started + args.duration if args.duration > 0 else float("inf")
-        injected = ""
-        with Live(console=console, refresh_per_second=2, transient=False) as live:
-            while not stop.is_set() and time.monotonic() < deadline:
-                elapsed = time.monotonic() - started
-                if not injected and inject_after >= 0 and elapsed >= inject_after:
-                    injected = _inject(server, fleet)
-                view = poll(client)
-                view.injected = injected
-                live.update(render(view, webhook.firing(), elapsed, prometheus.url))
-                stop.wait(min(2.0, max(0.0, deadline - time.monotonic())))
-        report = _report(prometheus.url, workdir)
+        injected = _live(args, console, client, server, fleet, webhook, prometheus.url, stop)
+        if signal.SIGHUP in ended_by or signal.SIGTERM in ended_by:
+            return 0  # nobody is there to read a summary: just stop everything
+        report = _report(prometheus.url, workdir, began, time.time())
         _summary(console, client, webhook, injected, report)
         return 0
     except ServerError as error:
@@ -220,8 +229,27 @@ def run(args: argparse.Namespace) -> int:
         alertmanager.stop()
         webhook.stop()
         server.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+
+
+def _live(args: argparse.Namespace, console: Console, client: PromClient, server: FleetServer, fleet: Fleet,
+          webhook: WebhookReceiver, prometheus_url: str, stop: threading.Event) -> str:
+    """The live view until --duration ends or `stop` is set; returns what was injected."""
+    inject_after = args.inject_after
+    if args.duration > 0 and inject_after > args.duration / 3:
+        inject_after = args.duration / 3
+    started = time.monotonic()
+    deadline = started + args.duration if args.duration > 0 else float("inf")
+    injected = ""
+    with Live(console=console, refresh_per_second=2, transient=False) as live:
+        while not stop.is_set() and time.monotonic() < deadline:
+            elapsed = time.monotonic() - started
+            if not injected and inject_after >= 0 and elapsed >= inject_after:
+                injected = _inject(server, fleet)
+            view = poll(client)
+            view.injected = injected
+            live.update(render(view, webhook.firing(), elapsed, prometheus_url))
+            stop.wait(min(2.0, max(0.0, deadline - time.monotonic())))
+    return injected
 
 
 def _inject(server: FleetServer, fleet: Fleet) -> str:
@@ -234,13 +262,12 @@ def _inject(server: FleetServer, fleet: Fleet) -> str:
     return f"thermal_throttle on {node_name(node)} GPU {gpu} (job {spec.id}), 8% slower"
 
 
-def _report(prometheus_url: str, workdir: Path) -> str:
-    """`flopwatch report` over the last hour (the shortest it covers; the demo holds a few minutes of
-    it) while the demo's Prometheus still runs: the report path,
-    or why there is none."""
+def _report(prometheus_url: str, workdir: Path, start: float, end: float) -> str:
+    """`flopwatch report` over the demo's own span (from Prometheus's start to now) while the
+    demo's Prometheus still runs: the report path, or why there is none."""
     out = workdir / "report"
     command = [sys.executable, "-m", "flopwatch", "report", "--prometheus", prometheus_url,
-               "--last", "1h", "--out", str(out), "--no-pdf", "--quiet"]
+               "--from", f"{int(start)}", "--to", f"{int(end) + 1}", "--out", str(out), "--no-pdf", "--quiet"]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired:
@@ -262,8 +289,7 @@ def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, inj
     if injected:
         console.print(f"  injected {injected}")
     pages = webhook.firing()
-    console.print(f"  pages received: {len(pages)}"
-                  + ("" if rule_files() else " (no alert rules in alerts/ yet)"))
+    console.print(f"  pages received: {len(pages)}")
     for alert in pages[-5:]:
         console.print(f"    {alert['labels'].get('alertname')}: {alert.get('annotations', {}).get('summary', '')}")
     console.print(f"  report: {report}")

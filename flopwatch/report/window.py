@@ -23,6 +23,8 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
 #: Prometheus one evaluation per bucket, so this is the report's main cost lever.
 TARGET_BUCKETS = 168
 MIN_STEP_S = 60
+#: The shortest window: a demo's few minutes are a report too (its figures say what they cover).
+MIN_WINDOW_S = 60
 
 
 class WindowError(ValueError):
@@ -35,8 +37,8 @@ def parse_duration(text: str, flag: str = "--last") -> float:
     if not match:
         raise WindowError(f"{flag} {text!r}: expected a duration like 24h, 7d or 2w")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds < 3600:
-        raise WindowError(f"{flag} {text!r}: a report covers at least 1h")
+    if seconds < MIN_WINDOW_S:
+        raise WindowError(f"{flag} {text!r}: a report covers at least 1m")
     return seconds
 
 
@@ -94,8 +96,8 @@ def resolve(last: str | None, start: str | None, end: str | None, now: float | N
     finish = float(int(parse_time(end, "--to", now))) if end is not None else now
     if finish <= begin:
         raise WindowError(f"--to ({format_time(finish)}) must come after --from ({format_time(begin)})")
-    if finish - begin < 3600:
-        raise WindowError("the window from --from to --to must be at least 1h")
+    if finish - begin < MIN_WINDOW_S:
+        raise WindowError("the window from --from to --to must be at least 1m")
     return Window(begin, finish)
 
 

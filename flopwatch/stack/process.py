@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 _LIVE: set[ServerProcess] = set()
 _LIVE_LOCK = threading.Lock()
+#: Seconds a server gets to exit on SIGTERM before SIGKILL (stop() and the watchdog alike).
+STOP_GRACE_S = 10.0
 
 
 class ServerError(RuntimeError):
@@ -49,6 +52,69 @@ def require_binary(binary: str, package: str) -> str:
             f"(apt-get install {package}, or run `make test`/`make demo`, which install it)"
         )
     return path
+
+
+class Watchdog:
+    """This program's watchdog process (watchdog.py): it stops the registered servers when the
+    program dies without stopping them. One per program, started with its first server; a
+    forked child gets its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: int | None = None       # the program that owns the pipe
+        self._pipe: object | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _ensure(self) -> None:
+        if self._pid == os.getpid() and self._proc is not None and self._proc.poll() is None:
+            return
+        read_end, write_end = os.pipe()   # neither end is inherited by the servers (close_fds)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("watchdog.py")), f"{STOP_GRACE_S:g}"],
+                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(read_end)
+        self._pipe = os.fdopen(write_end, "w", buffering=1)
+        self._pid = os.getpid()
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            try:
+                self._ensure()
+                self._pipe.write(line + "\n")  # type: ignore[union-attr]
+            except OSError as error:  # no watchdog: stop() and atexit still clean up
+                log.warning("server watchdog unavailable (%s): a SIGKILLed program would leave servers", error)
+
+    def watch(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            start = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            return  # already gone
+        self._send(f"+ {proc.pid} {start:.3f}")
+
+    def forget(self, pid: int) -> None:
+        if self._pid == os.getpid():
+            self._send(f"- {pid}")
+
+
+_WATCHDOG = Watchdog()
+
+
+def _on_hangup(signum: int, frame: object) -> None:
+    """SIGHUP (the terminal closed) unwinds like Ctrl-C, so context managers, finally blocks and
+    atexit stop the servers."""
+    raise SystemExit(128 + signum)
+
+
+def _catch_hangup() -> None:
+    """Turn a hang-up into an orderly exit, unless the program chose otherwise (a handler of its
+    own, or SIGHUP ignored under nohup: then the program is meant to outlive the terminal)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+            signal.signal(signal.SIGHUP, _on_hangup)
 
 
 class ServerProcess:
@@ -91,6 +157,8 @@ class ServerProcess:
             )
         with _LIVE_LOCK:
             _LIVE.add(self)
+        _WATCHDOG.watch(self.proc)
+        _catch_hangup()
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -135,7 +203,7 @@ class ServerProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_GRACE_S) -> None:
         """SIGTERM the process group, SIGKILL it after `timeout`; remove our temporary directory."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
@@ -147,6 +215,8 @@ class ServerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        if proc is not None:
+            _WATCHDOG.forget(proc.pid)
         with _LIVE_LOCK:
             _LIVE.discard(self)
         if self._own_dir and os.environ.get("FLOPWATCH_KEEP_STACK_DIRS") != "1":
