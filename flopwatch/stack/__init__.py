@@ -2,7 +2,9 @@
 
 The demo and every integration test start servers only through this package, so readiness
 checks, logs and cleanup live in one place: each server runs in its own process group, is stopped
-on context exit, on Ctrl-C and at interpreter exit, and leaves no process behind.
+on context exit, on Ctrl-C, on a hang-up (SIGHUP unwinds like Ctrl-C unless the program handles or
+ignores it) and at interpreter exit, and a program that dies without cleaning up (SIGKILL) has its
+servers stopped by its watchdog process (watchdog.py): no process is left behind.
 """
 
 from flopwatch.stack.agent import AgentProcess
