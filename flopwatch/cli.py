@@ -117,8 +117,22 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=report.run)
 
 
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import doctor
+
+    parser = sub.add_parser(
+        "doctor", help="say what FlopWatch can read on this node (GPUs, metric families, DCGM, NICs, host)",
+        description="Start the GPU backend the agent would use, read every GPU and report in a table (or "
+        "--json) the driver and NVML versions, each GPU's model and peak, which metric families are present "
+        "or absent, DCGM, the NIC and host collectors, the training-step socket and the Slurm mapping "
+        "directory. Exit 0: every GPU read; 1: a GPU could not be read; 2: no GPU backend or bad usage.",
+    )
+    doctor.add_arguments(parser)
+    parser.set_defaults(handler=doctor.run)
+
+
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_agent, _add_sim, _add_demo, _add_docs, _add_bench, _add_dashboards, _add_report,
+    _add_agent, _add_sim, _add_demo, _add_docs, _add_bench, _add_dashboards, _add_report, _add_doctor,
 )
 
 
