@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,13 +31,15 @@ CONTRACT_RECORDS = {
     "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_badput:ratio", "job_id:flopwatch_step_seconds:mean1m",
     "job_id_rank:flopwatch_compute_seconds_per_step:rate1m", "job_id_rank:flopwatch_straggler_score:ratio",
     "node_gpu:flopwatch_gpu_straggler_score:ratio", "cluster:flopwatch_gpus:count",
+    "job_id:flopwatch_step_time_lost:ratio", "job_id_class:flopwatch_step_time_lost:ratio",
+    "job_id_stage:flopwatch_stage_imbalance:ratio",
 }
 CONTRACT_ALERTS = {
     "FlopWatchStraggler", "FlopWatchGpuXidCritical", "FlopWatchGpuXid", "FlopWatchGpuLost",
     "FlopWatchGpuEccUncorrected", "FlopWatchGpuRowRemapFailure", "FlopWatchNvlinkErrors",
     "FlopWatchPcieDegraded", "FlopWatchGpuThrottled", "FlopWatchIbSymbolErrors", "FlopWatchIbLinkDowned",
     "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled", "FlopWatchGoodputLow",
-    "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
+    "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors", "FlopWatchPipelineImbalance",
 }
 STRAGGLER_CAUSES = {"thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader", "unknown"}
 
@@ -79,6 +82,32 @@ def test_promtool_unit_tests_pass() -> None:
     result = run(promtool, "test", "rules", *(p.name for p in TEST_FILES), cwd=ALERTS / "tests")
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     assert result.stdout.count("SUCCESS") == len(TEST_FILES), result.stdout
+
+
+def test_generated_pipeline_cases_are_committed_as_generated() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pipeline_cases", ALERTS / "tests" / "pipeline_cases.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # its dataclasses look themselves up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    assert (ALERTS / "tests" / "pipeline.yml").read_text() == module.render(), \
+        "alerts/tests/pipeline.yml is stale: run python alerts/tests/pipeline_cases.py"
+
+
+def test_straggler_medians_are_taken_over_peer_groups() -> None:
+    """A rank is compared with the ranks of its own job and pipeline stage, never the whole job."""
+    straggler_rules = [rule for rule in rules() if "straggler" in rule.get("record", "") or
+                       "arrival" in rule.get("record", "") or "data_seconds" in rule.get("record", "")]
+    medians = [rule["expr"] for rule in straggler_rules
+               if "quantile" in rule["expr"] and "job_id_rank:" in rule["expr"]]
+    assert medians and all("quantile by (job_id, stage)" in expr for expr in medians)
+    joins = " ".join(rule["expr"] for rule in straggler_rules)
+    assert "on (job_id) group_left ()" not in joins
 
 
 def test_every_rule_file_has_a_unit_test_file() -> None:

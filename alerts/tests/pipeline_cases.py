@@ -1,0 +1,173 @@
+"""Writes alerts/tests/pipeline.yml: promtool cases for peer groups, stage imbalance and lost time.
+
+Run `python alerts/tests/pipeline_cases.py` after changing a case; tests/test_rules.py fails when
+the committed YAML differs from what this writes. Every job runs steps of a fixed length; per rank
+the generator lays out counters of steps and phases as a client would send them, so each case
+states only what a person would: each stage's compute time per step, a bad worker, comm floors.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+INTERVAL_S = 5
+SAMPLES = 240          # 20 minutes
+OUT = Path(__file__).with_name("pipeline.yml")
+COLLECTIVE_S = 0.1     # the collective's own time per step
+OPTIMIZER_S = 0.05
+
+
+@dataclass
+class Job:
+    """A job of `stages` x `dp` ranks (rank = stage * dp + dp_rank), one node per stage."""
+
+    job_id: str
+    stages: int
+    dp: int
+    compute: list[float]                      # per stage, seconds per step
+    slow: dict[int, float] = field(default_factory=dict)   # rank -> compute seconds per step
+    comm_floor: float | None = None           # what clients send as their shortest comm of a step
+    scatter: float = 0.0                      # mean extra wait per step from a moving slowest rank
+
+    def arrival(self, rank: int) -> float:
+        return self.slow.get(rank, self.compute[rank // self.dp])
+
+    def step_seconds(self) -> float:
+        return max(self.arrival(r) for r in range(self.stages * self.dp)) + COLLECTIVE_S + self.scatter + OPTIMIZER_S
+
+    def series(self) -> list[dict[str, str]]:
+        out, step = [], self.step_seconds()
+        steps_per_sample = INTERVAL_S / step
+        for rank in range(self.stages * self.dp):
+            stage, dp_rank = divmod(rank, self.dp)
+            labels = (f'node="{self.job_id}-n{stage}",job_id="{self.job_id}",rank="{rank}",gpu="{dp_rank}",'
+                      f'stage="{stage}",dp_rank="{dp_rank}",instance="{self.job_id}-n{stage}:9847",job="flopwatch"')
+            compute = self.arrival(rank)
+            phases = {"data": 0.0, "compute": compute, "other": 0.0, "optimizer": OPTIMIZER_S,
+                      "comm": step - compute - OPTIMIZER_S}
+            out.append(_counter(f"flopwatch_train_steps_total{{{labels}}}", steps_per_sample))
+            for phase, seconds in phases.items():
+                name = f'flopwatch_train_phase_seconds_total{{{labels},phase="{phase}"}}'
+                out.append(_counter(name, seconds * steps_per_sample))
+            if self.comm_floor is not None:
+                out.append({"series": f"flopwatch_train_comm_min_seconds{{{labels}}}",
+                            "values": f"{self.comm_floor:g}x{SAMPLES}"})
+        for stage in range(self.stages):
+            node = f"{self.job_id}-n{stage}"
+            labels = f'node="{node}",job_id="{self.job_id}",instance="{node}:9847",job="flopwatch"'
+            per_sample = self.dp * steps_per_sample
+            out.append(_counter(f"flopwatch_train_step_seconds_sum{{{labels}}}", per_sample * step))
+            out.append(_counter(f"flopwatch_train_step_seconds_count{{{labels}}}", per_sample))
+        return out
+
+
+def _counter(name: str, per_sample: float) -> dict[str, str]:
+    return {"series": name, "values": f"0+{per_sample:.15g}x{SAMPLES}"}
+
+
+def _straggler(job: Job, rank: int, description: str, summary: str) -> dict:
+    stage, dp_rank = divmod(rank, job.dp)
+    return {"exp_labels": {"alertname": "FlopWatchStraggler", "severity": "page", "detector": "rank_only",
+                           "cause": "unknown", "job_id": job.job_id, "node": f"{job.job_id}-n{stage}",
+                           "gpu": str(dp_rank), "rank": str(rank), "stage": str(stage), "dp_rank": str(dp_rank)},
+            "exp_annotations": {"summary": summary, "description": description,
+                                "runbook_url": "docs/runbooks.md#flopwatchstraggler"}}
+
+
+HEAVY_LAST = Job("heavy-last", stages=4, dp=4, compute=[0.5, 0.5, 0.5, 0.6], comm_floor=COLLECTIVE_S)
+BAD_WORKER = Job("bad-worker", stages=2, dp=4, compute=[0.5, 0.53], slow={0: 1.0})
+SCATTERED = Job("scattered", stages=1, dp=8, compute=[0.5], comm_floor=COLLECTIVE_S, scatter=0.2)
+
+
+def _rounded(expr: str, eval_time: str, samples: list[tuple[str, float]]) -> dict:
+    """A promql_expr_test on round(expr, 1e-4): promtool compares floats exactly."""
+    return {"expr": f"round({expr}, 0.0001)", "eval_time": eval_time,
+            "exp_samples": [{"labels": labels, "value": round(value, 4)} for labels, value in samples]}
+
+
+def cases() -> dict:
+    at = lambda minutes: f"{minutes}m"   # noqa: E731
+    imbalance = {
+        "name": "a heavy last stage is a ticket naming the stage, never a straggler page",
+        "interval": f"{INTERVAL_S}s", "input_series": HEAVY_LAST.series(),
+        "promql_expr_test": [
+            _rounded('job_id_stage:flopwatch_stage_imbalance:ratio{job_id="heavy-last"}', at(5),
+                     [(f'{{job_id="heavy-last",stage="{stage}"}}', value)
+                      for stage, value in ((0, 1), (1, 1), (2, 1), (3, 1.2))]),
+            # comm per step 0.2 (stages 0-2) and 0.1 (stage 3, the floor); (0.175 - 0.1) / 0.75 s per step
+            _rounded('job_id_class:flopwatch_step_time_lost:ratio{job_id="heavy-last"}', at(6),
+                     [(f'{{job_id="heavy-last",class="{c}"}}', v) for c, v in (("stage", 0.1), ("worker", 0),
+                                                                               ("scattered", 0))]),
+            _rounded('job_id:flopwatch_step_time_lost:ratio{job_id="heavy-last"}', at(6),
+                     [('{job_id="heavy-last"}', 0.1)]),
+        ],
+        "alert_rule_test": [
+            {"alertname": "FlopWatchStraggler", "eval_time": at(m), "exp_alerts": []} for m in (3, 8, 15)
+        ] + [
+            {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(8), "exp_alerts": []},
+            {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(15), "exp_alerts": [{
+                "exp_labels": {"alertname": "FlopWatchPipelineImbalance", "severity": "ticket",
+                               "job_id": "heavy-last", "stage": "3"},
+                "exp_annotations": {
+                    "summary": "Job heavy-last: pipeline stage 3 is 20% slower than the fastest stage",
+                    "description": (
+                        "The ranks of pipeline stage 3 of job heavy-last take 20% longer per step to reach their "
+                        "collectives than those of the job's fastest stage, so the other stages wait for it every "
+                        "micro-batch. Stage imbalance costs 10% of the job's step time (0.08 s of each step). "
+                        "Nothing is broken: move layers out of stage 3 (Megatron-LM: "
+                        "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, or account for "
+                        "the embedding and loss layers), or use interleaved (virtual) pipeline stages."),
+                    "runbook_url": "docs/runbooks.md#flopwatchpipelineimbalance"}}]},
+        ],
+    }
+    description = ("Rank 0 of job bad-worker on bad-worker-n0 GPU 0 takes 100% longer per step to reach the "
+                   "gradient collective than the median rank of its peers in pipeline stage 0 (of 8 ranks in the "
+                   "job); every other rank waits for it, so the whole job runs that much slower. Probable cause: "
+                   "unknown - no telemetry of its GPU or node explains it.")
+    bad_worker = {
+        "name": "a bad worker is paged against its stage's peers; the slightly heavier stage is not",
+        "interval": f"{INTERVAL_S}s", "input_series": BAD_WORKER.series(),
+        "alert_rule_test": [
+            {"alertname": "FlopWatchStraggler", "eval_time": at(4), "exp_alerts": [_straggler(
+                BAD_WORKER, 0, description,
+                "Straggler in job bad-worker: bad-worker-n0 GPU 0 (rank 0) 100% slower, cause unknown")]},
+            {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(15), "exp_alerts": []},
+        ],
+        # no comm floor from the clients: the least mean comm of a rank (the bad worker's) stands in
+        # comm per step: 0.1 (the bad worker), 0.6 x 3 (its peers), 0.57 x 4 (stage 1): mean 0.5225,
+        # least 0.1, stage medians 0.6 and 0.57; 1.15 s per step. No comm floor from these clients:
+        # the least mean comm of a rank (the bad worker's) stands in.
+        "promql_expr_test": [
+            _rounded('job_id_class:flopwatch_step_time_lost:ratio{job_id="bad-worker"}', at(6),
+                     [(f'{{job_id="bad-worker",class="{c}"}}', v)
+                      for c, v in (("worker", (0.5225 - 0.1 - 0.015) / 1.15), ("stage", 0.015 / 1.15),
+                                   ("scattered", 0))]),
+        ],
+    }
+    scattered = {
+        "name": "waits from a slowest rank that moves every step count as scattered imbalance, never paged",
+        "interval": f"{INTERVAL_S}s", "input_series": SCATTERED.series(),
+        # every rank waits 0.2 s per step on average beyond the collective's 0.1 s; clients saw 0.1 s
+        "promql_expr_test": [
+            _rounded('job_id_class:flopwatch_step_time_lost:ratio{job_id="scattered"}', at(6),
+                     [(f'{{job_id="scattered",class="{c}"}}', v)
+                      for c, v in (("scattered", 0.2 / 0.85), ("stage", 0), ("worker", 0))]),
+        ],
+        "alert_rule_test": [{"alertname": "FlopWatchStraggler", "eval_time": at(m), "exp_alerts": []} for m in (3, 10)],
+    }
+    return {"rule_files": ["../flopwatch-stragglers.yml", "../flopwatch-goodput.yml"],
+            "evaluation_interval": f"{INTERVAL_S}s", "tests": [imbalance, bad_worker, scattered]}
+
+
+def render() -> str:
+    head = "# Generated by pipeline_cases.py beside this file: edit the cases there, then run it.\n"
+    return head + yaml.safe_dump(cases(), sort_keys=False, width=200)
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    sys.stdout.write(f"wrote {OUT}\n")
