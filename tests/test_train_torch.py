@@ -11,6 +11,7 @@ import copy
 import socket
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 import torch
@@ -224,3 +225,46 @@ def test_fsdp_steps_are_counted_and_the_missing_split_is_said(receiver, gloo, ca
     record = last()
     assert record.steps == 3 and record.phases["compute"] > 0
     assert sum(record.phases.values()) == pytest.approx(record.step_seconds)
+
+
+def test_a_device_mesh_gives_the_rank_its_stage_and_peers(receiver, gloo):
+    """A real one-process DeviceMesh (gloo, CPU) with torchtitan's dimension names."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    path, last = receiver
+    mesh = init_device_mesh("cpu", (1, 1, 1, 1), mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    model = Slow()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    telemetry = integration.instrument(model, _monitor(path), optimizer, mesh=mesh)
+    _train(model, optimizer, 2)
+    telemetry.close()
+    record = last()
+    assert record is not None
+    assert (record.pp_stage, record.pp_size, record.dp_rank, record.dp_size, record.tp_rank, record.tp_size) == \
+        (0, 1, 0, 1, 0, 1)
+
+
+class _Mesh:
+    """Stands in for a DeviceMesh of 2 x 2 x 4 x 2 ranks as seen from one rank: a real mesh of that
+    shape needs 32 processes. Only the three methods instrument() calls."""
+
+    mesh_dim_names = ("pp", "dp_replicate", "dp_shard", "tp")
+    shape = (2, 2, 4, 2)
+    local: ClassVar[dict[str, int]] = {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1}
+
+    def get_local_rank(self, name: str) -> int:
+        return self.local[name]
+
+    def size(self, dim: int) -> int:
+        return self.shape[dim]
+
+
+def test_mesh_coordinates_fold_hsdp_dimensions_into_one_data_parallel_rank():
+    assert integration.mesh_coordinates(_Mesh()) == {"pp_stage": 1, "pp_size": 2, "tp_rank": 1, "tp_size": 2,
+                                                     "dp_rank": 1 * 4 + 2, "dp_size": 8}
+
+
+def test_process_groups_give_the_coordinates(gloo):
+    group = dist.new_group([0])
+    assert integration.group_coordinates(pp=group, dp=group) == {"pp_stage": 0, "pp_size": 1, "dp_rank": 0,
+                                                                 "dp_size": 1}

@@ -253,12 +253,55 @@ class Instrumentation:
             self.monitor.set_gpu(resolve_gpu(index, self.monitor.local_rank, os.environ))
 
 
-def instrument(model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock: Any = None) -> Instrumentation:
+def instrument(model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock: Any = None, mesh: Any = None,
+               pp_group: Any = None, dp_group: Any = None, tp_group: Any = None) -> Instrumentation:
     """Hook `model` (DDP, FSDP or any module) and `optimizer` to report every step to `monitor`.
 
-    `clock`: CpuClock or CudaClock (default: from the model's device).
+    `clock`: CpuClock or CudaClock (default: from the model's device). In a 3D-parallel job, pass
+    the `DeviceMesh` (torchtitan: its `pp`, `dp` or `dp_replicate`/`dp_shard`, and `tp` dimensions)
+    or the pipeline, data- and tensor-parallel process groups, so the rank reports its stage and
+    is compared with its peers.
     """
+    coordinates = mesh_coordinates(mesh) if mesh is not None else {}
+    coordinates.update(group_coordinates(pp=pp_group, dp=dp_group, tp=tp_group))
+    if coordinates:
+        monitor.set_coordinates(**coordinates)
     return Instrumentation(model, monitor, optimizer, clock=clock)
+
+
+def mesh_coordinates(mesh: Any) -> dict[str, int]:
+    """This rank's place in a DeviceMesh, by dimension name: pp, dp (or dp_replicate x dp_shard), tp."""
+    names = tuple(mesh.mesh_dim_names or ())
+
+    def place(name: str) -> tuple[int, int]:
+        return int(mesh.get_local_rank(name)), int(mesh.size(names.index(name)))
+
+    out: dict[str, int] = {}
+    if "pp" in names:
+        out["pp_stage"], out["pp_size"] = place("pp")
+    if "tp" in names:
+        out["tp_rank"], out["tp_size"] = place("tp")
+    if "dp" in names:
+        out["dp_rank"], out["dp_size"] = place("dp")
+    elif {"dp_replicate", "dp_shard"} & set(names):
+        rank, size = 0, 1
+        for name in ("dp_replicate", "dp_shard"):      # torchtitan's HSDP dimensions, outer first
+            if name in names:
+                index, width = place(name)
+                rank, size = rank * width + index, size * width
+        out["dp_rank"], out["dp_size"] = rank, size
+    return out
+
+
+def group_coordinates(*, pp: Any = None, dp: Any = None, tp: Any = None) -> dict[str, int]:
+    """This rank's place from process groups (Megatron-LM's parallel_state groups, for instance)."""
+    import torch.distributed as dist
+
+    out: dict[str, int] = {}
+    for group, index, size in ((pp, "pp_stage", "pp_size"), (dp, "dp_rank", "dp_size"), (tp, "tp_rank", "tp_size")):
+        if group is not None:
+            out[index], out[size] = dist.get_rank(group), dist.get_world_size(group)
+    return out
 
 
 def _is_fsdp(model: Any) -> bool:
