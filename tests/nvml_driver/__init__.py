@@ -195,7 +195,7 @@ class InProcess:
         fresh.loader.exec_module(self.pynvml)
 
     def calls(self, function: str) -> int:
-        """How often the library's entry point `function` was called since it was loaded."""
+        """How often the library's entry point `function` ("*": all of them) was called since it was loaded."""
         return int(self.lib.flopwatch_nvml_calls(function.encode()))
 
     def live(self, kind: str) -> int:

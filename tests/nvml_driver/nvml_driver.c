@@ -136,8 +136,8 @@ static void count_call(const char *name) {
 unsigned long long flopwatch_nvml_calls(const char *name) {
     unsigned long long count = 0;
     pthread_mutex_lock(&mu);
-    for (int i = 0; i < ncounters; i++)
-        if (strcmp(counters[i].name, name) == 0) count = counters[i].count;
+    for (int i = 0; i < ncounters; i++)   /* "*": every entry point together */
+        if (strcmp(name, "*") == 0 || strcmp(counters[i].name, name) == 0) count += counters[i].count;
     pthread_mutex_unlock(&mu);
     return count;
 }
