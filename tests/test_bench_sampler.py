@@ -127,3 +127,29 @@ def test_recorder_keeps_only_selected_series():
     recorder.add(1000, [((keep, drop), [1.0, 2.0])])
     block = recorder.flush()
     assert block.labels == [keep] and block.values.tolist() == [[1.0]]
+
+
+def test_fast_reader_equals_the_agents_for_a_pipeline_job_and_a_trace_job():
+    """Stage and dp_rank labels, the comm floor gauge, and a trace job whose last node is half used."""
+    traces = (Path(__file__).resolve().parents[1] / "../shared/traces/what-if").resolve()
+    jobs = [{"id": "p", "nodes": "0-3", "model": MODEL, "tokens_per_step": 262144, "target_mfu": 0.4,
+             "pipeline": {"stages": 4, "stage_weights": [1, 1, 1, 1.3], "micro_batches": 8},
+             "sequence_imbalance": 0.2}]
+    if (traces / "trace-ST.parquet").is_file():
+        jobs.append({"id": "st", "nodes": "4-5", "trace": str(traces / "trace-ST.parquet"), "loop": True,
+                     "time_scale": 0.5})
+    scenario = parse({"name": "pipes", "seed": 2, "duration": "10m",
+                      "fleet": {"nodes": 6, "gpus_per_node": 4, "nics_per_node": 2}, "jobs": jobs,
+                      "faults": [{"kind": "thermal_throttle", "node": 1, "gpu": 1, "start": "1m", "duration": "5m"}]})
+    fleet = Fleet(scenario, 1.7e9)
+    assert compare(fleet, list(range(6)), 96, 3) > 5_000
+    names = {"flopwatch_train_comm_min_seconds", "flopwatch_train_steps_total"}
+    series = [dict(k) | {"value": v} for k, v in as_dict(FastSampler(fleet, [0, 3, 5], names).sample(),
+                                                         names).items()]
+    floors = [x for x in series if x["__name__"] == "flopwatch_train_comm_min_seconds"]
+    assert floors and all(x["value"] > 0 for x in floors)   # a floor once a block of 16 steps completed
+    ranks = {(x["job_id"], x["rank"]): x for x in series if x["__name__"] == "flopwatch_train_steps_total"}
+    assert (ranks["p", "15"]["stage"], ranks["p", "15"]["dp_rank"]) == ("3", "3")   # 4 a stage, Megatron order
+    assert (ranks["p", "1"]["stage"], ranks["p", "1"]["dp_rank"]) == ("0", "1")
+    if len(jobs) == 2:   # ST: 8 workers on the 4-GPU nodes 4 and 5; worker 7 is dp 1 of stage 3
+        assert (ranks["st", "7"]["stage"], ranks["st", "7"]["dp_rank"]) == ("3", "1")

@@ -134,7 +134,7 @@ NIC_STATES: dict[Metric, Callable[[SimulatedNic], tuple[tuple[str, ...], float]]
 }
 NIC_METRICS = (*NIC_FIXED, *NIC_STATES)
 TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.CHECKPOINT_SECONDS,
-                 t.LAST_STEP, t.FLOPS_PER_STEP, t.STEP_SECONDS)
+                 t.LAST_STEP, t.COMM_MIN, t.FLOPS_PER_STEP, t.STEP_SECONDS)
 
 
 def supported_names() -> set[str]:
@@ -310,13 +310,17 @@ class FastSampler:
         c, runner = state.counters, state.runner
         gpn = runner.fleet.gpus_per_node
         job_id = runner.spec.id
-        ranks = np.array([position * gpn + gpu for _, position in placed for gpu in range(gpn)])
-        rank_keys = [(node.name, job_id, str(position * gpn + gpu), str(gpu), "0", str(position * gpn + gpu))
-                     for node, position in placed for gpu in range(gpn)]
+        placed_ranks = [(node, gpu, position * gpn + gpu) for node, position in placed for gpu in range(gpn)
+                        if position * gpn + gpu < runner.ranks]   # a trace job's last node may be partly used
+        ranks = np.array([rank for _, _, rank in placed_ranks])
+        rank_keys = [(node.name, job_id, str(rank), str(gpu), str(runner.stage[rank]), str(runner.dp_rank[rank]))
+                     for node, gpu, rank in placed_ranks]
         for metric, array in ((t.STEPS, c.steps), (t.TOKENS, c.tokens), (t.MODEL_FLOPS, c.model_flops),
                               (t.HARDWARE_FLOPS, c.hardware_flops), (t.LAST_STEP, c.last_step_time)):
             if metric.name in self.wanted:
                 yield self._job_group(metric, job_id, "", rank_keys), array[ranks]
+        if t.COMM_MIN.name in self.wanted and c.comm_min_ready:
+            yield self._job_group(t.COMM_MIN, job_id, "", rank_keys), c.comm_min[ranks]
         if t.PHASE_SECONDS.name in self.wanted:
             for i, phase in enumerate(PHASES):
                 keys = [(*key, phase) for key in rank_keys]
@@ -346,16 +350,15 @@ class FastSampler:
         c = state.counters
         gpn = state.runner.fleet.gpus_per_node
         job_id = state.runner.spec.id
+        local = [min(gpn, state.runner.ranks - position * gpn) for _, position in placed]
         bounds = ["+Inf" if np.isinf(b) else repr(float(b)) for b in STEP_BUCKETS]
-        buckets = (c.step_buckets * gpn).tolist()
-        count, total = buckets[-1], c.step_sum * gpn
         if names[0] in self.wanted:
             labels = self._group(("bucket", job_id, len(placed)), lambda: tuple(
                 self.labels.get(names[0], (*hist.all_labels, "le"), (node.name, job_id, le))
                 for node, _ in placed for le in bounds))
-            yield labels, buckets * len(placed)
-        for name, value in ((names[1], count), (names[2], total)):
+            yield labels, [v for n in local for v in (c.step_buckets * n).tolist()]
+        for name, per_rank in ((names[1], float(c.step_buckets[-1])), (names[2], c.step_sum)):
             if name in self.wanted:
                 labels = self._group((name, job_id, len(placed)), lambda name=name: tuple(
                     self.labels.get(name, hist.all_labels, (node.name, job_id)) for node, _ in placed))
-                yield labels, [float(value)] * len(placed)
+                yield labels, [float(per_rank * n) for n in local]

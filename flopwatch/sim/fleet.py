@@ -19,6 +19,7 @@ from flopwatch.sim.jobs import PHASES, JobRunner, StepResult
 from flopwatch.sim.nic import SimulatedNic
 from flopwatch.sim.scenario import FaultSpec, Scenario, parse_fault
 from flopwatch.sim.truth import JobTruth, Truth
+from flopwatch.train.wire import COMM_MIN_BLOCK
 
 RESTART_DELAY_S = 60.0
 SERIES_EXPIRY_S = 300.0   # a finished job's step series linger this long, like the agent's intake
@@ -45,9 +46,14 @@ class RankCounters:
     step_buckets: np.ndarray = field(init=False)         # cumulative count per bucket (job-wide)
     step_sum: float = 0.0
     step_count: int = 0
+    comm_min: np.ndarray = field(init=False)     # shortest comm of a step over the last completed block
+    comm_block_min: np.ndarray = field(init=False)
+    comm_block_steps: int = 0
+    comm_min_ready: bool = False                 # a block has completed: the gauge exists
 
     def __post_init__(self) -> None:
         r = self.ranks
+        self.comm_min, self.comm_block_min = np.zeros(r), np.full(r, np.inf)
         self.steps, self.tokens = np.zeros(r), np.zeros(r)
         self.model_flops, self.hardware_flops = np.zeros(r), np.zeros(r)
         self.phase_seconds = np.zeros((len(PHASES), r))
@@ -63,6 +69,13 @@ class RankCounters:
         self.hardware_flops += runner.hw_flops_per_step / r
         for i, phase in enumerate(PHASES):
             self.phase_seconds[i] += step.phases[phase]
+        np.minimum(self.comm_block_min, step.phases["comm"], out=self.comm_block_min)
+        self.comm_block_steps += 1
+        if self.comm_block_steps == COMM_MIN_BLOCK:   # as the client does: a floor per block of steps
+            self.comm_min[:] = self.comm_block_min
+            self.comm_block_min[:] = np.inf
+            self.comm_block_steps = 0
+            self.comm_min_ready = True
         self.last_step_time[:] = unix_end
         self.step_buckets += np.array([step.wall <= bound for bound in STEP_BUCKETS])
         self.step_sum += step.wall
@@ -135,6 +148,7 @@ class Fleet:
         for spec in scenario.jobs:
             runner = JobRunner(spec, fleet, np.random.default_rng([scenario.seed, len(self.jobs), 11]))
             truth = JobTruth(runner.ranks, peak, spec.target_mfu, runner.flops_per_step)
+            truth.stages = runner.spec.pipeline.stages if runner.spec.pipeline else int(runner.stage.max()) + 1
             self.jobs[spec.id] = JobState(runner, RankCounters(runner.ranks), truth)
             self.truth.jobs[spec.id] = truth
         self._xid_fired: set[int] = set()
@@ -202,9 +216,9 @@ class Fleet:
                     truth.lost_steps += 1
                     truth.add_badput("restart", step.wall)
                     continue
-                arrival = step.phases["data"] + step.phases["compute"] + step.phases["other"]
-                straggler = float(arrival.max() - np.median(arrival))
+                straggler = step.waiting   # per step: mean over ranks of waiting beyond the collective
                 data = float(np.median(step.phases["data"]))
+                truth.observe_step(step.wall, step.ideal, step.lost_by_class)
                 truth.add_badput("straggler", straggler)
                 truth.add_badput("data", data)
                 truth.productive_s += step.wall - straggler - data
@@ -248,6 +262,8 @@ class Fleet:
                 nic.bytes_per_s = 0.0 if stalled else runner.nic_bytes_per_step() / step.wall / len(node.nics)
             for g, gpu in enumerate(node.gpus):
                 rank = position * gpn + g
+                if rank >= runner.ranks:   # a trace job's last node may be partly used
+                    continue
                 if stalled:
                     gpu.workload = Workload(busy=0.0, memory_fraction=0.85, processes=1)
                     continue
@@ -290,6 +306,8 @@ class Fleet:
                 node = self.nodes[index]
                 for g, gpu in enumerate(node.gpus):
                     rank = position * state.runner.fleet.gpus_per_node + g
+                    if rank >= state.runner.ranks:
+                        continue
                     slow.speed[rank] *= gpu.speed()
                     if gpu.lost:
                         slow.stalled = True

@@ -9,6 +9,21 @@ Base compute time comes from the job's model FLOPs, tokens per step, the GPU's d
 target MFU, calibrated so that a healthy job runs at its target MFU including the expected cost of
 jitter (the mean of the maximum over ranks), and is divided by each rank's current speed.
 Communication time follows the all-reduce message size over NVLink and NIC bandwidth.
+
+Pipeline jobs (`pipeline: {stages: P, stage_weights, micro_batches: M}`): rank r is stage
+r // (ranks / P) and data-parallel rank r % (ranks / P) (Megatron's order: tensor fastest, then data,
+then pipeline; tensor-parallel peers are folded into one GPU's rank here). A stage's compute is its
+weight times the base; under 1F1B the pipeline runs (M + P - 1) slots of the slowest rank's
+per-micro-batch time, so every rank waits in `comm` for the pipeline's bottleneck and for the bubble,
+then the data-parallel all-reduce and the optimizer follow. `sequence_imbalance: X` gives a random
+quarter of the ranks up to X more compute each step, so the slowest rank moves from step to step.
+A job without either draws exactly the random numbers it drew before (same seed, same output).
+
+Trace jobs replay a What-if trace's per-worker phases step by step (flopwatch.traces.whatif).
+
+Each step also carries what ground truth needs: the step time had every rank run at the job's
+typical arrival (`ideal`), and the time lost split into classes, removed in turn: bad workers (the
+faults' slowdowns), stage imbalance (stage weights), scattered (jitter and sequence lengths).
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flopwatch.hardware import GpuModel
-from flopwatch.sim.scenario import FleetSpec, JobSpec
+from flopwatch.sim.scenario import FleetSpec, JobSpec, PipelineSpec
 
 PHASES = ("data", "compute", "comm", "optimizer", "other")
 NIC_BYTES_PER_S = 50e9          # 400 Gb/s per rail (NDR InfiniBand / 400G RoCE)
@@ -30,6 +45,8 @@ OPTIMIZER_SHARE = 0.03          # of the step
 SEQ_IMBALANCE_RANKS = 0.05      # share of ranks with longer sequences in a given step
 GC_PROBABILITY = 0.004          # per rank and step
 GC_PAUSE_SHARE = 0.03           # of compute
+SEQ_EXTRA_RANKS = 0.25          # share of ranks that get longer sequences under `sequence_imbalance`
+LOST_CLASSES = ("worker", "stage", "scattered")
 
 
 @dataclass
@@ -56,6 +73,9 @@ class StepResult:
     wall: float
     phases: dict[str, np.ndarray]  # phase -> seconds per rank
     lost: bool = False             # recomputed after a restart: no progress
+    ideal: float = 0.0             # step time with every rank at the typical arrival
+    lost_by_class: dict[str, float] = field(default_factory=dict)  # seconds of this step, per class
+    waiting: float = 0.0           # mean over ranks of comm beyond the collective's own time
 
 
 @dataclass
@@ -76,10 +96,19 @@ class JobRunner:
     next_checkpoint: float = 0.0
     steps_since_checkpoint: int = 0
     replay_steps: int = 0          # steps to redo after a restart (lost progress)
+    stage: np.ndarray = field(init=False)     # pipeline stage per rank
+    dp_rank: np.ndarray = field(init=False)   # data-parallel rank per rank (position within its stage)
+    weight: np.ndarray = field(init=False)    # the rank's stage weight (1.0 without a pipeline)
+    slots: float = 1.0                        # (M + P - 1) / M: pipeline span over one pass of compute
+    trace_phases: np.ndarray | None = None    # (steps, ranks, phases) seconds of a replayed trace
+    trace_index: int = 0
+    trace_slowdown: np.ndarray | None = None  # the study's S per trace step (its truth), when published
+    trace_classes: tuple[float, float] = (0.0, 0.0)   # the study's M_W, M_S
 
     def __post_init__(self) -> None:
         model: GpuModel = self.fleet.gpu_model
-        self.ranks = len(self.spec.nodes) * self.fleet.gpus_per_node
+        self.ranks = self.spec.ranks(self.fleet.gpus_per_node)
+        self._layout()
         per_token = self.spec.model.model_flops_per_token()
         self.flops_per_step = per_token * self.spec.tokens_per_step
         # full activation recomputation runs the forward pass twice: 8N + 16·L·H·Q·T (HFU)
@@ -92,9 +121,44 @@ class JobRunner:
         self.optimizer = OPTIMIZER_SHARE * self.target_wall
         self.slow = RankSlowdowns(np.ones(self.ranks), np.zeros(self.ranks), np.zeros(self.ranks))
         budget = self.target_wall - self.comm_exposed - self.optimizer
-        self.compute_base = budget / self._expected_max_arrival()
+        self.compute_base = budget / (self.slots * self._expected_max_arrival())
         self.clock = self.spec.start
         self.next_checkpoint = self.spec.start + self.spec.checkpoint_every
+
+    def _layout(self) -> None:
+        """Stage and dp rank of every rank (Megatron order), stage weights, the 1F1B span; a trace's own."""
+        ranks = np.arange(self.ranks)
+        pipe: PipelineSpec | None = self.spec.pipeline
+        self.weight = np.ones(self.ranks)
+        if self.spec.trace is not None:
+            from flopwatch.traces import whatif
+
+            trace = whatif.load_cached(self.spec.trace.path)
+            self.stage = np.array([w.stage for w in trace.workers])
+            self.dp_rank = np.array([w.dp_rank for w in trace.workers])
+            wall = trace.step_seconds.max(axis=1, keepdims=True)
+            phases = trace.phases.copy()
+            phases[:, :, PHASES.index("comm")] += wall - trace.step_seconds   # everyone waits for the last
+            self.trace_phases = phases * self.spec.trace.time_scale
+            self._trace_truth(trace)
+        elif pipe is None:
+            self.stage, self.dp_rank = np.zeros(self.ranks, dtype=int), ranks
+        else:
+            per_stage = self.ranks // pipe.stages
+            self.stage, self.dp_rank = ranks // per_stage, ranks % per_stage
+            self.weight = np.asarray(pipe.stage_weights, dtype=float)[self.stage]
+            self.slots = (pipe.micro_batches + pipe.stages - 1) / pipe.micro_batches
+
+    def _trace_truth(self, trace) -> None:
+        """The study's per-step slowdown and class shares (result-, mw-, ms-*.json beside the trace)."""
+        from flopwatch.traces import whatif
+
+        try:
+            study = whatif.study_result(trace.path)
+        except whatif.TraceError:
+            return   # no published analysis: the comm-floor estimate stands in (scattered)
+        self.trace_slowdown = np.array([study.per_step.get(s, study.slowdown) for s in trace.steps])
+        self.trace_classes = (study.worker_share or 0.0, study.stage_share or 0.0)
 
     def all_reduce_seconds(self) -> float:
         """Ring all-reduce of bf16 gradients: 2(n-1)/n x bytes over the slowest link in the ring."""
@@ -133,35 +197,91 @@ class JobRunner:
         other = (rng.random(size) < GC_PROBABILITY) * GC_PAUSE_SHARE
         return data, np.maximum(compute, 0.5), other
 
+    def _sequence_extra(self, rng: np.random.Generator, size: tuple[int, ...]) -> np.ndarray | float:
+        """Relative extra compute of longer sequences (none drawn when the job has no imbalance)."""
+        x = self.spec.sequence_imbalance
+        if not x:
+            return 0.0
+        return (rng.random(size) < SEQ_EXTRA_RANKS) * rng.uniform(0, x, size)
+
     def _expected_max_arrival(self) -> float:
         calibration = np.random.default_rng([self.ranks, int(self.spec.step_jitter * 1e6)])
         data, compute, other = self._arrival_factors(calibration, (256, self.ranks))
+        if self.spec.pipeline is not None or self.spec.sequence_imbalance:
+            compute = compute * self.weight + self._sequence_extra(calibration, (256, self.ranks)) * self.weight
         return float(np.mean(np.max(data + compute + other, axis=1)))
 
-    def step(self) -> StepResult:
-        data, compute, other = self._arrival_factors(self.rng, (self.ranks,))
-        base = self.compute_base
-        s = self.slow
-        data_s = base * data + s.data_extra
-        compute_s = base * compute / s.speed
-        other_s = base * other + s.other_extra
-        arrival = data_s + compute_s + other_s
+    def _span(self, arrival: np.ndarray) -> float:
+        """Pipeline span of one step: (M + P - 1) slots of the slowest rank's micro-batch (the max without one)."""
         slowest = float(arrival.max())
-        comm_run = self.comm_exposed + s.comm_extra
-        wait = slowest - arrival
-        wall = slowest + comm_run + self.optimizer
-        result = StepResult(
-            start=self.clock, wall=wall,
-            phases={"data": data_s, "compute": compute_s, "comm": wait + comm_run,
-                    "optimizer": np.full(self.ranks, self.optimizer), "other": other_s},
-        )
-        self.clock += wall
+        return slowest if self.slots == 1.0 else self.slots * slowest
+
+    def _truth(self, result: StepResult, parts: tuple[np.ndarray, ...], comm_run: float) -> None:
+        """Ideal step time and lost seconds per class: remove faults, then stage weights, then scatter."""
+        data, compute, other = parts                 # healthy factors (multiples of compute_base)
+        base = self.compute_base
+        healthy = base * (data + compute + other)    # no fault slowdowns, stage weights kept
+        typical_weight = float(np.median(self.weight))
+        flat = base * (data + compute / self.weight * typical_weight + other)
+        actual = result.wall - comm_run - self.optimizer
+        spans = (actual, self._span(healthy), self._span(flat), self._span(np.full(1, np.median(flat))))
+        result.ideal = spans[3] + comm_run + self.optimizer
+        result.lost_by_class = {cls: max(0.0, a - b) for cls, a, b in zip(LOST_CLASSES, spans[:3], spans[1:],
+                                                                           strict=True)}
+
+    def step(self) -> StepResult:
+        result = self._trace_step() if self.trace_phases is not None else self._physics_step()
+        self.clock += result.wall
         if self.replay_steps > 0:
             self.replay_steps -= 1
             result.lost = True
         else:
             self.steps += 1
             self.steps_since_checkpoint += 1
+        return result
+
+    def _physics_step(self) -> StepResult:
+        data, compute, other = self._arrival_factors(self.rng, (self.ranks,))
+        if self.spec.pipeline is not None or self.spec.sequence_imbalance:
+            compute = (compute + self._sequence_extra(self.rng, (self.ranks,))) * self.weight
+        base = self.compute_base
+        s = self.slow
+        data_s = base * data + s.data_extra
+        compute_s = base * compute / s.speed
+        other_s = base * other + s.other_extra
+        arrival = data_s + compute_s + other_s
+        span = self._span(arrival)
+        comm_run = self.comm_exposed + s.comm_extra
+        wait = span - arrival
+        wall = span + comm_run + self.optimizer
+        result = StepResult(
+            start=self.clock, wall=wall,
+            phases={"data": data_s, "compute": compute_s, "comm": wait + comm_run,
+                    "optimizer": np.full(self.ranks, self.optimizer), "other": other_s},
+        )
+        result.waiting = float(arrival.max() - arrival.mean())
+        self._truth(result, (data, compute, other), comm_run)
+        return result
+
+    def _trace_step(self) -> StepResult:
+        """The trace's next step (from the first again after the last): phases as recorded, scaled."""
+        assert self.trace_phases is not None
+        phases = self.trace_phases[self.trace_index % len(self.trace_phases)]
+        self.trace_index += 1
+        wall = float(phases[0].sum())
+        comm = phases[:, PHASES.index("comm")]
+        floor = float(comm.min())
+        result = StepResult(start=self.clock, wall=wall,
+                            phases={name: phases[:, i].copy() for i, name in enumerate(PHASES)})
+        result.waiting = float(comm.mean() - floor)
+        if self.trace_slowdown is None:
+            lost, worker, stage = result.waiting, 0.0, 0.0
+        else:
+            lost = wall * (1 - 1 / self.trace_slowdown[(self.trace_index - 1) % len(self.trace_slowdown)])
+            worker = min(1.0, max(0.0, self.trace_classes[0])) * lost
+            stage = min(lost - worker, max(0.0, self.trace_classes[1]) * lost)
+        result.ideal = wall - lost
+        result.lost_by_class = {"worker": worker, "stage": stage, "scattered": max(0.0, lost - worker - stage)}
         return result
 
     def restart(self, at: float, lost_steps: int) -> None:

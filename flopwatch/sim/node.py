@@ -72,9 +72,13 @@ class SimTrainCollector(_NodeCollector):
             gpn = runner.fleet.gpus_per_node
             job_id = runner.spec.id
             per_rank_flops = runner.flops_per_step / runner.ranks
+            local = 0
             for gpu in range(gpn):
                 rank = position * gpn + gpu
-                labels = (job_id, str(rank), str(gpu), "0", str(rank))
+                if rank >= runner.ranks:   # a trace job's last node may be partly used
+                    break
+                local += 1
+                labels = (job_id, str(rank), str(gpu), str(runner.stage[rank]), str(runner.dp_rank[rank]))
                 put(m.STEPS, labels, c.steps[rank])
                 put(m.TOKENS, labels, c.tokens[rank])
                 put(m.MODEL_FLOPS, labels, c.model_flops[rank])
@@ -84,11 +88,13 @@ class SimTrainCollector(_NodeCollector):
                 if c.checkpoint_seconds[rank] > 0:
                     put(m.CHECKPOINT_SECONDS, (*labels, "save"), c.checkpoint_seconds[rank])
                 put(m.LAST_STEP, labels, c.last_step_time[rank])
+                if c.comm_min_ready:
+                    put(m.COMM_MIN, labels, c.comm_min[rank])
                 put(m.FLOPS_PER_STEP, (job_id, str(rank), "analytic"), per_rank_flops)
             # every local rank observes every step: count = steps x local ranks (as the intake does)
             out.add_histogram(m.STEP_SECONDS, (job_id,),
-                              list(zip(STEP_BUCKETS, (c.step_buckets * gpn).tolist(), strict=True)),
-                              c.step_sum * gpn)
+                              list(zip(STEP_BUCKETS, (c.step_buckets * local).tolist(), strict=True)),
+                              c.step_sum * local)
         return out
 
     def collect(self) -> Iterator[Family]:

@@ -100,6 +100,25 @@ def parse_index_set(value: Any, where: str, limit: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+class PipelineSpec:
+    """Pipeline parallelism of a job: stages, each stage's relative compute, micro-batches (1F1B)."""
+
+    stages: int
+    stage_weights: tuple[float, ...]
+    micro_batches: int
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """A recorded What-if trace the job replays instead of simulated physics."""
+
+    path: Path
+    workers: int
+    time_scale: float
+    loop: bool
+
+
+@dataclass(frozen=True)
 class JobSpec:
     id: str
     nodes: list[int]
@@ -113,6 +132,13 @@ class JobSpec:
     checkpoint_every: float
     checkpoint_seconds: float
     recompute: bool
+    pipeline: PipelineSpec | None = None
+    sequence_imbalance: float = 0.0
+    trace: TraceSpec | None = None
+
+    def ranks(self, gpus_per_node: int) -> int:
+        """Ranks of the job: one per GPU of its nodes, or one per worker of its trace."""
+        return self.trace.workers if self.trace is not None else len(self.nodes) * gpus_per_node
 
 
 @dataclass(frozen=True)
@@ -235,7 +261,8 @@ def parse(data: Any, source: str = "") -> Scenario:
     jobs_raw = top.raw("jobs", [])
     if not isinstance(jobs_raw, list):
         raise ScenarioError("jobs: expected a list of jobs")
-    jobs = [_job(item, f"jobs[{i}]", fleet, duration) for i, item in enumerate(jobs_raw)]
+    base = Path(source).parent if source else Path.cwd()
+    jobs = [_job(item, f"jobs[{i}]", fleet, duration, base) for i, item in enumerate(jobs_raw)]
     seen: set[str] = set()
     owner: dict[int, str] = {}
     for job in jobs:
@@ -248,6 +275,8 @@ def parse(data: Any, source: str = "") -> Scenario:
             owner[node] = job.id
     peak = gpu_model.peak_dense_flops["bf16"]
     for i, job in enumerate(jobs):
+        if job.trace is not None:
+            continue
         step = job.model.model_flops_per_token() * job.tokens_per_step / \
             (len(job.nodes) * fleet.gpus_per_node * peak * job.target_mfu)
         if step < MIN_STEP_SECONDS:
@@ -271,10 +300,69 @@ def _overlap(a: JobSpec, b: JobSpec) -> bool:
     return a.start < b_end and b.start < a_end
 
 
-def _job(data: Any, where: str, fleet: FleetSpec, duration: float) -> JobSpec:
+#: Model and tokens a trace job uses for its FLOPs (MFU figures only) when the file gives none.
+TRACE_DEFAULT_MODEL = {"params": 7e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 4096}
+TRACE_DEFAULT_TOKENS = 1_048_576
+
+
+def _pipeline(r: _Reader, ranks: int) -> PipelineSpec | None:
+    """`pipeline: {stages, stage_weights, micro_batches}`; ranks must split evenly into stages."""
+    if not r.has("pipeline"):
+        return None
+    where = r.path("pipeline")
+    p = _Reader(r.raw("pipeline"), where)
+    p.check_keys({"stages", "stage_weights", "micro_batches"})
+    stages = p.integer("stages", 1, 1024)
+    weights_raw = p.raw("stage_weights", [1.0] * stages)
+    if not isinstance(weights_raw, list) or len(weights_raw) != stages:
+        raise ScenarioError(f"{where}.stage_weights: expected a list of {stages} numbers (one per stage), "
+                            f"got {weights_raw!r}")
+    weights = _Reader({str(i): w for i, w in enumerate(weights_raw)}, f"{where}.stage_weights")
+    stage_weights = tuple(weights.number(str(i), 0.05, 20) for i in range(stages))
+    micro = p.integer("micro_batches", 1, 100_000, max(1, 4 * stages))
+    if ranks % stages:
+        raise ScenarioError(f"{where}.stages: the job's {ranks} ranks do not split evenly into {stages} stages")
+    return PipelineSpec(stages, stage_weights, micro)
+
+
+def _trace(r: _Reader, base: Path) -> TraceSpec | None:
+    """`trace: PATH` (relative to the scenario file) with `time_scale` and `loop`; read once to check it."""
+    if not r.has("trace"):
+        return None
+    from flopwatch.traces import whatif
+
+    path = Path(r.text("trace"))
+    path = path if path.is_absolute() else (base / path).resolve()
+    try:
+        trace = whatif.load_cached(path)
+    except whatif.TraceError as error:
+        raise ScenarioError(f"{r.path('trace')}: {error}") from None
+    return TraceSpec(path, len(trace.workers), r.number("time_scale", 1e-3, 1e3, 1.0), bool(r.raw("loop", False)))
+
+
+def _trace_seconds(trace: TraceSpec) -> float:
+    from flopwatch.traces import whatif
+
+    return float(whatif.load_cached(trace.path).step_seconds.max(axis=1).sum()) * trace.time_scale
+
+
+def _job(data: Any, where: str, fleet: FleetSpec, duration: float, base: Path | None = None) -> JobSpec:
     r = _Reader(data, where)
     r.check_keys({"id", "nodes", "model", "tokens_per_step", "target_mfu", "step_jitter", "start", "end",
-                  "user", "checkpoint_every", "checkpoint_seconds", "recompute"})
+                  "user", "checkpoint_every", "checkpoint_seconds", "recompute", "pipeline",
+                  "sequence_imbalance", "trace", "time_scale", "loop"})
+    trace = _trace(r, base or Path.cwd())
+    if trace is None:
+        for key in ("time_scale", "loop"):
+            if r.has(key):
+                raise ScenarioError(f"{r.path(key)}: only a job with `trace:` takes this field")
+    elif r.has("pipeline") or r.has("sequence_imbalance"):
+        raise ScenarioError(f"{r.path('pipeline' if r.has('pipeline') else 'sequence_imbalance')}: a trace job "
+                            "replays its recorded phases; drop this field or the trace")
+    if trace is not None and not r.has("model"):
+        data = {**data, "model": TRACE_DEFAULT_MODEL, "tokens_per_step": data.get("tokens_per_step",
+                                                                                  TRACE_DEFAULT_TOKENS)}
+        r = _Reader(data, where)
     m = _Reader(r.raw("model"), f"{where}.model")
     m.check_keys({"params", "layers", "heads", "head_dim", "seq_len"})
     shape = DecoderShape(
@@ -284,6 +372,8 @@ def _job(data: Any, where: str, fleet: FleetSpec, duration: float) -> JobSpec:
     )
     start = r.duration("start", 0.0)
     end = r.duration("end") if r.has("end") else None
+    if trace is not None and not trace.loop and end is None:
+        end = start + _trace_seconds(trace)   # the recording played once, then the job ends
     if end is not None and end <= start:
         raise ScenarioError(f"{where}.end: must come after start")
     if start >= duration:
@@ -295,14 +385,35 @@ def _job(data: Any, where: str, fleet: FleetSpec, duration: float) -> JobSpec:
     elif checkpoint_seconds >= checkpoint_every:
         raise ScenarioError(f"{where}.checkpoint_seconds: must be shorter than checkpoint_every "
                             "(0 turns checkpoints off)")
+    nodes = _job_nodes(r, where, fleet, trace)
     return JobSpec(
-        id=r.text("id"), nodes=parse_index_set(r.raw("nodes"), f"{where}.nodes", fleet.nodes), model=shape,
-        tokens_per_step=r.number("tokens_per_step", 1, 1e12), target_mfu=r.number("target_mfu", 0.01, 0.9),
+        id=r.text("id"), nodes=nodes, model=shape,
+        tokens_per_step=r.number("tokens_per_step", 1, 1e12),
+        target_mfu=r.number("target_mfu", 0.01, 0.9, 0.4 if trace else ...),
         step_jitter=r.number("step_jitter", 0, 0.5, 0.02), start=start, end=end,
         user=r.text("user", "ml-team"), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
         recompute=bool(r.raw("recompute", False)),
+        pipeline=_pipeline(r, len(nodes) * fleet.gpus_per_node),
+        sequence_imbalance=r.number("sequence_imbalance", 0, 5, 0.0), trace=trace,
     )
+
+
+def _job_nodes(r: _Reader, where: str, fleet: FleetSpec, trace: TraceSpec | None) -> list[int]:
+    """The job's nodes; a trace job needs ceil(workers / gpus_per_node) of them (the first ones by default)."""
+    if trace is None:
+        return parse_index_set(r.raw("nodes"), f"{where}.nodes", fleet.nodes)
+    need = -(-trace.workers // fleet.gpus_per_node)
+    if not r.has("nodes"):
+        if need > fleet.nodes:
+            raise ScenarioError(f"{where}.trace: {trace.workers} workers need {need} nodes of "
+                                f"{fleet.gpus_per_node} GPUs; the fleet has {fleet.nodes}")
+        return list(range(need))
+    nodes = parse_index_set(r.raw("nodes"), f"{where}.nodes", fleet.nodes)
+    if len(nodes) != need:
+        raise ScenarioError(f"{where}.nodes: the trace's {trace.workers} workers need {need} nodes of "
+                            f"{fleet.gpus_per_node} GPUs, got {len(nodes)}")
+    return nodes
 
 
 def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: float) -> FaultSpec:

@@ -1,8 +1,17 @@
 """Ground truth the simulator writes (`--truth-out`): what really happened, to score detection.
 
     {"scenario": ..., "jobs": {"llm-70b": {"ranks": 1024, "series": [[t, mfu, goodput], ...],
-     "steady_mfu": 0.42, ...}}, "faults": [{"kind", "cause", "node", "gpu", "nic", "rank",
+     "steady_mfu": 0.42, "lost": {"culprit": "stage", "share": 0.15, "by_class": {"worker": ...,
+     "stage": ..., "scattered": ...}}, ...}}, "faults": [{"kind", "cause", "node", "gpu", "nic", "rank",
      "job_id", "start", "end", ...}]}
+
+The share of step time lost is what the What-if analysis (OSDI'25) calls 1 - 1/S: over the job's
+productive steps, (actual - ideal) / actual, where the ideal step has every rank at the job's
+typical arrival. Its classes are removed in turn (jobs.py): bad workers (the faults' slowdowns),
+stage imbalance (stage weights), scattered (jitter, sequence lengths); the culprit is the largest
+class, "none" below CULPRIT_MIN_SHARE. Straggler badput counts per step the mean over ranks of
+the time waited beyond the collective's own (so the slowest rank of each step counts, whichever
+it is).
 """
 
 from __future__ import annotations
@@ -11,6 +20,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+LOST_CLASSES = ("worker", "stage", "scattered")
+#: Below this share of step time lost, a job has no culprit class.
+CULPRIT_MIN_SHARE = 0.01
 
 
 @dataclass
@@ -26,6 +39,26 @@ class JobTruth:
     badput_s: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     lost_steps: int = 0
+    stages: int = 1
+    actual_s: float = 0.0          # step time of productive steps
+    ideal_s: float = 0.0           # the same steps with every rank at the typical arrival
+    lost_class_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CLASSES, 0.0))
+
+    def observe_step(self, wall: float, ideal: float, lost_by_class: dict[str, float]) -> None:
+        self.actual_s += wall
+        self.ideal_s += min(wall, ideal)
+        for cls, seconds in lost_by_class.items():
+            self.lost_class_s[cls] += seconds
+
+    def lost(self) -> dict[str, Any]:
+        """Share of step time lost, per class, and the culprit class."""
+        if self.actual_s <= 0:
+            return {"culprit": "none", "share": 0.0, "by_class": dict.fromkeys(LOST_CLASSES, 0.0)}
+        share = (self.actual_s - self.ideal_s) / self.actual_s
+        share = float(share)
+        by_class = {cls: float(seconds / self.actual_s) for cls, seconds in self.lost_class_s.items()}
+        culprit = max(by_class, key=by_class.get) if share >= CULPRIT_MIN_SHARE else "none"
+        return {"culprit": culprit, "share": share, "by_class": by_class}
 
     def add_badput(self, cause: str, seconds: float) -> None:
         if seconds > 0:
@@ -51,6 +84,8 @@ class Truth:
                 "flops_per_step": job.flops_per_step, "steps": job.steps, "lost_steps": job.lost_steps,
                 "mfu": mfu, "goodput": job.productive_s / job.allocated_s if job.allocated_s else 0.0,
                 "allocated_seconds": job.allocated_s, "badput_seconds": job.badput_s,
+                "badput": {c: s / job.allocated_s for c, s in job.badput_s.items()} if job.allocated_s else {},
+                "stages": job.stages, "lost": job.lost(),
                 "series": [[round(t, 3), round(m, 6), round(g, 6)] for t, m, g in job.series],
             }
         return {"scenario": self.scenario, "seed": self.seed, "scrape_interval": self.scrape_interval,

@@ -137,6 +137,21 @@ def load(path: str | Path) -> Trace:
     return Trace(path, workers, steps, phases, step_seconds, dp_size, pp_size, meta)
 
 
+_CACHE: dict[tuple[Path, float], Trace] = {}
+
+
+def load_cached(path: str | Path) -> Trace:
+    """load(), once per file version: a scenario and its simulator read the same trace."""
+    path = Path(path).resolve()
+    try:
+        key = (path, path.stat().st_mtime)
+    except OSError:
+        return load(path)   # raises the one-line TraceError
+    if key not in _CACHE:
+        _CACHE[key] = load(path)
+    return _CACHE[key]
+
+
 def lost_share_from_floor(trace: Trace) -> float:
     """Share of step time lost to waiting for slower workers, estimated from comm alone.
 
@@ -157,6 +172,9 @@ class StudyResult:
     slowdown: float                 # S: recorded step time over the step time with typical ops
     by_stage: dict[int, float]      # S when only that stage keeps its recorded durations
     by_dp_rank: dict[int, float]    # the same per dp rank (empty where the file has none)
+    per_step: dict[int, float] = field(default_factory=dict)   # S of each step
+    worker_share: float | None = None   # M_W (mw-*.json): share of the slowdown due to single workers
+    stage_share: float | None = None    # M_S (ms-*.json): share due to stage partitioning
 
     @property
     def lost_share(self) -> float:
@@ -181,4 +199,15 @@ def study_result(path: str | Path) -> StudyResult:
         return {int(k): float(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
     return StudyResult(float(data["blocking_slowdown"]), _by("blocking_decompose_by_stage"),
-                       _by("blocking_decompose_by_dp_rank"))
+                       _by("blocking_decompose_by_dp_rank"), _by("blocking_step_slowdown"),
+                       _share(path, "mw", "Mw"), _share(path, "ms", "Ms"))
+
+
+def _share(result: Path, prefix: str, key: str) -> float | None:
+    """M_W or M_S from mw-<name>.json / ms-<name>.json beside result-<name>.json, if there."""
+    path = result.with_name(f"{prefix}-{result.stem.removeprefix('result-')}.json")
+    try:
+        value = json.loads(path.read_text()).get(key)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
