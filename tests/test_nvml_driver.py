@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from nvml_driver import DEVICE_NAMES, STATE_VARIABLE, DriverState, InProcess
 from prometheus_client.parser import text_string_to_metric_families
+from test_nvml_backend import wait_for
 
 from flopwatch import config as cfg
 from flopwatch.exporters.agent import Agent
@@ -75,15 +76,6 @@ def rig(driver, state, monkeypatch) -> Iterator[object]:
     state.release()
     for one in made:
         one.close()
-
-
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def test_values_arrive_in_base_units_from_the_driver_units(rig, state):

@@ -17,8 +17,7 @@ import pytest
 from nvml_driver import DriverState, environment
 
 from flopwatch.promql import PromClient
-from flopwatch.stack import AgentProcess, Prometheus
-from flopwatch.stack.servers import scrape_job
+from flopwatch.stack import AgentProcess
 from integration import test_agent_prometheus as sim_checks
 
 pytestmark = pytest.mark.integration
@@ -51,18 +50,8 @@ def agent(state: DriverState) -> Iterator[AgentProcess]:
         process.stop()
 
 
-@pytest.fixture(scope="module")
-def prometheus(agent: AgentProcess) -> Iterator[PromClient]:
-    with Prometheus([scrape_job(JOB, [f"127.0.0.1:{agent.port}"], interval="1s")]) as server:
-        client = PromClient(server.url)
-        wanted = {metric.name for metric in sim_checks.EXPECTED}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            names = {s.labels["__name__"] for s in client.query(f'{{job="{JOB}",__name__=~"flopwatch_.+"}}')}
-            if wanted <= names:
-                break
-            time.sleep(0.5)
-        yield client
+#: the simulated backend's Prometheus fixture, scraping this module's agent
+prometheus = sim_checks.prometheus
 
 
 def test_prometheus_has_every_family_for_every_gpu(prometheus: PromClient) -> None:
