@@ -222,3 +222,31 @@ def test_load_suite_errors_are_one_line(tmp_path):
         detect.load_suite(tmp_path)
     with pytest.raises(detect.SuiteError, match="no scenario matches nope"):
         detect.load_suite(SUITE, ["nope"])
+
+
+def test_stage_tickets_and_job_figures_are_scored_against_truth():
+    scenario = parse({"name": "pp", "duration": "30m", "fleet": {"nodes": 1},
+                               "jobs": [{"id": "a", "nodes": "0", "tokens_per_step": 1e6, "target_mfu": 0.4,
+                                         "model": {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128,
+                                                   "seq_len": 8192},
+                                         "pipeline": {"stages": 4, "stage_weights": [1, 1, 1, 2]}}]})
+    truth = {"gpu_hours": 4.0, "faults": [], "jobs": {"a": {
+        "ranks": 8, "steps": 10, "allocated_seconds": 1800, "series": [], "goodput": 0.7, "slow_stage": 3,
+        "badput": {"straggler": 0.2}, "lost": {"culprit": "stage", "share": 0.25}}}}
+    t = np.arange(0, 1800, 60.0) + 1000
+    recorded = {"job_id:flopwatch_goodput:ratio": [({"job_id": "a"}, t, np.full(t.size, 0.705))],
+                "job_id:flopwatch_badput:ratio": [({"job_id": "a", "cause": "straggler"}, t, np.full(t.size, 0.19)),
+                                                  ({"job_id": "a", "cause": "data"}, t, np.full(t.size, 0.5))],
+                "job_id:flopwatch_step_time_lost:ratio": [({"job_id": "a"}, t, np.full(t.size, 0.22))]}
+    wrong = Episode("FlopWatchPipelineImbalance", {"job_id": "a", "stage": "2"}, 1300.0, 1900.0)
+    right = Episode("FlopWatchPipelineImbalance", {"job_id": "a", "stage": "3"}, 1300.0, 1900.0)
+    for episodes, ok in (([right], True), ([right, wrong], False), ([], False)):
+        score = score_scenario(scenario, truth, episodes, 1000.0, recorded=recorded)
+        job = score.jobs[0]
+        assert job.stage_right is ok
+        assert job.error_pp["goodput"] == pytest.approx(0.5)
+        assert job.error_pp["straggler_badput"] == pytest.approx(1.0)   # the data badput is not mixed in
+        assert job.error_pp["lost_share"] == pytest.approx(3.0)
+        summary = summarize([score])
+        assert summary["false_episodes"] == 0   # tickets are scored by stage, not as false alerts
+        assert summary["imbalance_only_pages"] == 0

@@ -18,6 +18,12 @@ Definitions (docs/detection.md says the same for users):
 - MFU error compares `job_id:flopwatch_mfu:ratio` with the true MFU, each averaged over the same
   steady stretch (job running, WARMUP_S after its start, no fault window), per stretch of at least
   MIN_STEADY_S.
+- Pipeline-stage imbalance: FlopWatchPipelineImbalance is a ticket, scored apart from pages: in a
+  job whose truth names a slow stage, some ticket must fire and every ticket must name that stage;
+  in a job with none, any ticket is wrong. It never counts as a false alert.
+- Per job (`jobs` of a scenario): the rules' goodput, straggler badput and share of step time lost,
+  each averaged over the job's run after WARMUP_S + RATE_WINDOW_S, against the simulator's truth
+  over the whole run (errors in percentage points), with the truth's culprit class.
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ MIN_STEADY_S = 600.0
 SLOW_RANK_KINDS = {"thermal_throttle", "power_cap", "hw_slowdown", "pcie_downgrade", "host_cpu_contention",
                    "dataloader_stall", "gc_pause"}
 STRAGGLER_ALERT = "FlopWatchStraggler"
+IMBALANCE_ALERT = "FlopWatchPipelineImbalance"
+RATE_WINDOW_S = 300.0
+#: Recorded series scored per job: (name, label filter, truth field).
+JOB_FIGURES = (("job_id:flopwatch_goodput:ratio", {}, "goodput"),
+               ("job_id:flopwatch_badput:ratio", {"cause": "straggler"}, "straggler_badput"),
+               ("job_id:flopwatch_step_time_lost:ratio", {}, "lost_share"))
 LATENCY_TARGET_S = 30.0
 LONG_STEP_S = 10.0
 LONG_STEP_TARGET_STEPS = 3
@@ -119,6 +131,28 @@ class MfuStretch:
 
 
 @dataclass
+class JobScore:
+    job_id: str
+    culprit: str                       # truth: worker, stage, scattered or none
+    slow_stage: int | None             # truth: the stage a ticket must name
+    tickets: list[str]                 # stages named by FlopWatchPipelineImbalance episodes
+    pages: int                         # FlopWatchStraggler episodes on this job
+    truth: dict[str, float]            # goodput, straggler_badput, lost_share
+    rule: dict[str, float | None]
+
+    @property
+    def stage_right(self) -> bool | None:
+        """A ticket named the slow stage and none another; for balanced jobs, no ticket."""
+        if self.slow_stage is None:
+            return not self.tickets
+        return bool(self.tickets) and all(t == str(self.slow_stage) for t in self.tickets)
+
+    @property
+    def error_pp(self) -> dict[str, float | None]:
+        return {k: None if self.rule.get(k) is None else abs(self.rule[k] - v) * 100 for k, v in self.truth.items()}
+
+
+@dataclass
 class ScenarioScore:
     scenario: str
     gpus: int
@@ -129,9 +163,17 @@ class ScenarioScore:
     episodes: list[EpisodeScore]
     mfu: list[MfuStretch]
     stats: dict[str, float] = field(default_factory=dict)
+    jobs: list[JobScore] = field(default_factory=list)
+
+    @property
+    def imbalance_only(self) -> bool:
+        """No fault, and some job's lost time is stage or scattered imbalance."""
+        return not self.faults and any(j.culprit in ("stage", "scattered") for j in self.jobs)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        for job, data in zip(self.jobs, out["jobs"], strict=True):
+            data["stage_right"], data["error_pp"] = job.stage_right, job.error_pp
         for fault, data in zip(self.faults, out["faults"], strict=True):
             data["within_target"] = fault.within_target
         for stretch, data in zip(self.mfu, out["mfu"], strict=True):
@@ -274,15 +316,49 @@ def mfu_stretches(scenario: Scenario, truth: dict[str, Any], observed: list[tupl
     return stretches
 
 
+Observed = list[tuple[dict[str, str], np.ndarray, np.ndarray]]
+
+
+def _rule_mean(recorded: dict[str, Observed], name: str, match: dict[str, str], job_id: str,
+               span: tuple[float, float]) -> float | None:
+    values = [v[(t >= span[0]) & (t <= span[1]) & np.isfinite(v)] for labels, t, v in recorded.get(name, [])
+              if labels.get("job_id") == job_id and all(labels.get(k) == x for k, x in match.items())]
+    values = [v for v in values if v.size]
+    return float(np.concatenate(values).mean()) if values else None
+
+
+def job_scores(scenario: Scenario, truth: dict[str, Any], episodes: list[EpisodeScore],
+               recorded: dict[str, Observed], start_unix: float) -> list[JobScore]:
+    """Per job: stage tickets and pages, and the rules' goodput and waste against truth."""
+    out = []
+    for job_id, job in truth["jobs"].items():
+        if "goodput" not in job:
+            continue
+        begin, end = _job_span(scenario, job_id)
+        span = (start_unix + begin + WARMUP_S + RATE_WINDOW_S, start_unix + end)
+        lost = job.get("lost", {"culprit": "none", "share": 0.0})
+        badput = job.get("badput", {})
+        true_figures = {"goodput": job["goodput"], "straggler_badput": badput.get("straggler", 0.0),
+                        "lost_share": lost["share"]}
+        rule = {key: _rule_mean(recorded, name, match, job_id, span) for name, match, key in JOB_FIGURES}
+        mine = [e for e in episodes if e.labels.get("job_id") == job_id]
+        out.append(JobScore(job_id, lost["culprit"], job.get("slow_stage"),
+                            sorted(e.labels.get("stage", "") for e in mine if e.alertname == IMBALANCE_ALERT),
+                            sum(e.alertname == STRAGGLER_ALERT for e in mine), true_figures, rule))
+    return out
+
+
 def score_scenario(scenario: Scenario, truth: dict[str, Any], episodes: list[Episode], start_unix: float,
                    observed: list[tuple[dict[str, str], np.ndarray, np.ndarray]] | None = None,
-                   stats: dict[str, float] | None = None) -> ScenarioScore:
+                   stats: dict[str, float] | None = None,
+                   recorded: dict[str, Observed] | None = None) -> ScenarioScore:
     classified = [classify(e, truth["faults"], start_unix) for e in episodes]
     return ScenarioScore(
         scenario=scenario.name, gpus=scenario.fleet.nodes * scenario.fleet.gpus_per_node,
         duration=scenario.duration, gpu_hours=truth["gpu_hours"],
         healthy_gpu_hours=healthy_gpu_hours(scenario, truth), faults=score_faults(truth, classified),
         episodes=classified, mfu=mfu_stretches(scenario, truth, observed or [], start_unix), stats=stats or {},
+        jobs=job_scores(scenario, truth, classified, recorded or {}, start_unix),
     )
 
 
@@ -308,7 +384,7 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
     located = [e for e in episodes if e.located]
     detected = [f for f in faults if f.detected]
     with_cause = [f for f in detected if f.cause_right is not None]
-    false = [e for e in episodes if not e.true]
+    false = [e for e in episodes if not e.true and e.alertname != IMBALANCE_ALERT]
     false_straggler = [e for e in false if e.alertname == STRAGGLER_ALERT]
     gpu_hours = sum(s.gpu_hours for s in scores)
     healthy = sum(s.healthy_gpu_hours for s in scores)
@@ -350,7 +426,30 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
                None if worst_mfu is None else worst_mfu <= 0.5),
     ]
     latencies = [f.latency for f in detected if f.latency is not None]
+    jobs = [j for s in scores for j in s.jobs]
+    staged = [j for j in jobs if j.slow_stage is not None]
+    imbalance_pages = sum(j.pages for s in scores if s.imbalance_only for j in s.jobs)
+    errors = {key: [j.error_pp[key] for j in jobs if j.error_pp[key] is not None] for _, _, key in JOB_FIGURES}
+    worst = {key: max(v) if v else None for key, v in errors.items()}
+    targets += [
+        Target("stage-imbalance tickets name the right stage in every pipeline job with a slow stage",
+               f"{sum(bool(j.stage_right) for j in staged)}/{len(staged)}",
+               all(j.stage_right for j in staged) if staged else None),
+        Target("no straggler page in scenarios whose only problem is imbalance", str(imbalance_pages),
+               imbalance_pages == 0 if any(s.imbalance_only for s in scores) else None),
+        Target("goodput and straggler badput per job within 1 pp of truth",
+               ", ".join(f"{k} {v:.2f} pp worst" for k, v in worst.items() if v is not None and k != "lost_share")
+               or "not recorded",
+               None if worst["goodput"] is None else max(v for k, v in worst.items()
+                                                         if v is not None and k != "lost_share") <= 1.0),
+        Target("share of step time lost per job within 5 pp of truth",
+               f"{worst['lost_share']:.2f} pp worst" if worst["lost_share"] is not None else "not recorded",
+               None if worst["lost_share"] is None else worst["lost_share"] <= 5.0),
+    ]
     return {
+        "stage_tickets_right": _ratio(sum(bool(j.stage_right) for j in staged), len(staged)),
+        "imbalance_only_pages": imbalance_pages,
+        "job_error_pp_max": worst,
         "scenarios": len(scores), "faults": len(faults), "detected": len(detected),
         "episodes": len(episodes), "located_episodes": len(located), "false_episodes": len(false),
         "false_straggler_episodes": len(false_straggler),

@@ -149,6 +149,7 @@ class Fleet:
             runner = JobRunner(spec, fleet, np.random.default_rng([scenario.seed, len(self.jobs), 11]))
             truth = JobTruth(runner.ranks, peak, spec.target_mfu, runner.flops_per_step)
             truth.stages = runner.spec.pipeline.stages if runner.spec.pipeline else int(runner.stage.max()) + 1
+            truth.slow_stage = runner.slow_stage()
             self.jobs[spec.id] = JobState(runner, RankCounters(runner.ranks), truth)
             self.truth.jobs[spec.id] = truth
         self._xid_fired: set[int] = set()

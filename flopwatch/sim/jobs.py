@@ -47,6 +47,8 @@ GC_PROBABILITY = 0.004          # per rank and step
 GC_PAUSE_SHARE = 0.03           # of compute
 SEQ_EXTRA_RANKS = 0.25          # share of ranks that get longer sequences under `sequence_imbalance`
 LOST_CLASSES = ("worker", "stage", "scattered")
+SLOW_STAGE_RATIO = 1.05         # a stage this much heavier than the lightest is imbalanced by design
+SLOW_STAGE_MIN_SHARE = 0.2      # of a trace's slowdown explained by stage partitioning (M_S)
 
 
 @dataclass
@@ -104,6 +106,7 @@ class JobRunner:
     trace_index: int = 0
     trace_slowdown: np.ndarray | None = None  # the study's S per trace step (its truth), when published
     trace_classes: tuple[float, float] = (0.0, 0.0)   # the study's M_W, M_S
+    trace_stage_slowdown: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         model: GpuModel = self.fleet.gpu_model
@@ -149,6 +152,16 @@ class JobRunner:
             self.weight = np.asarray(pipe.stage_weights, dtype=float)[self.stage]
             self.slots = (pipe.micro_batches + pipe.stages - 1) / pipe.micro_batches
 
+    def slow_stage(self) -> int | None:
+        """The stage that is heavier by design (stage weights, or the study's by-stage slowdown), if any."""
+        pipe = self.spec.pipeline
+        if pipe is not None:
+            weights = pipe.stage_weights
+            return int(np.argmax(weights)) if max(weights) > SLOW_STAGE_RATIO * min(weights) else None
+        if self.trace_stage_slowdown and self.trace_classes[1] > SLOW_STAGE_MIN_SHARE:
+            return max(self.trace_stage_slowdown, key=self.trace_stage_slowdown.get)
+        return None
+
     def _trace_truth(self, trace) -> None:
         """The study's per-step slowdown and class shares (result-, mw-, ms-*.json beside the trace)."""
         from flopwatch.traces import whatif
@@ -159,6 +172,7 @@ class JobRunner:
             return   # no published analysis: the comm-floor estimate stands in (scattered)
         self.trace_slowdown = np.array([study.per_step.get(s, study.slowdown) for s in trace.steps])
         self.trace_classes = (study.worker_share or 0.0, study.stage_share or 0.0)
+        self.trace_stage_slowdown = study.by_stage
 
     def all_reduce_seconds(self) -> float:
         """Ring all-reduce of bf16 gradients: 2(n-1)/n x bytes over the slowest link in the ring."""

@@ -40,6 +40,7 @@ class JobTruth:
     steps: int = 0
     lost_steps: int = 0
     stages: int = 1
+    slow_stage: int | None = None  # the stage a pipeline-imbalance ticket must name (None: balanced)
     actual_s: float = 0.0          # step time of productive steps
     ideal_s: float = 0.0           # the same steps with every rank at the typical arrival
     lost_class_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CLASSES, 0.0))
@@ -85,7 +86,7 @@ class Truth:
                 "mfu": mfu, "goodput": job.productive_s / job.allocated_s if job.allocated_s else 0.0,
                 "allocated_seconds": job.allocated_s, "badput_seconds": job.badput_s,
                 "badput": {c: s / job.allocated_s for c, s in job.badput_s.items()} if job.allocated_s else {},
-                "stages": job.stages, "lost": job.lost(),
+                "stages": job.stages, "slow_stage": job.slow_stage, "lost": job.lost(),
                 "series": [[round(t, 3), round(m, 6), round(g, 6)] for t, m, g in job.series],
             }
         return {"scenario": self.scenario, "seed": self.seed, "scrape_interval": self.scrape_interval,
