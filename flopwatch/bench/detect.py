@@ -104,7 +104,7 @@ def run_scenario(scenario: Scenario, rules_path: str | Path, evaluation_interval
     rules = rule_files.load(rules_path, evaluation_interval or scenario.scrape_interval)
     result = PrometheusEngine(rules, exact=exact).run(scenario, progress)
     score = score_scenario(scenario, result.truth, result.episodes, result.start_unix,
-                           result.observed[OBSERVED[0]], result.stats)
+                           result.observed[OBSERVED[0]], result.stats, recorded=result.observed)
     return score, result
 
 

@@ -16,16 +16,16 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from flopwatch.bench import remote_write
 from flopwatch.bench.alerts import AlertTracker, Episode
-from flopwatch.bench.fast_sampler import supported_names
+from flopwatch.bench.fast_sampler import Group, supported_names
 from flopwatch.bench.remote_write import STALE_NAN, encode_labels, encode_request
 from flopwatch.bench.rules import Rule, RuleSet, names_in, selectors
 from flopwatch.bench.sampler import Block, FleetSampler, Recorder, keep_by
@@ -41,13 +41,50 @@ log = logging.getLogger(__name__)
 #: counts from the newest sample, not from the wall clock.
 START_UNIX = 1_700_000_000.0
 #: Recording rules whose results the scorer needs, kept as they are evaluated.
-OBSERVED = ("job_id:flopwatch_mfu:ratio",)
+OBSERVED = ("job_id:flopwatch_mfu:ratio", "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_badput:ratio",
+            "job_id:flopwatch_step_time_lost:ratio")
 Labels = tuple[tuple[str, str], ...]
 Progress = Callable[[float, str], None]
 
 
 class EngineError(RuntimeError):
     """Prometheus rejected a rule or a write; the message names the rule."""
+
+
+class SampleSource(Protocol):
+    """What the engine evaluates: something that moves on in time and is scraped once a tick
+    (a simulated fleet, or a replay through real clients and the agent's intake)."""
+
+    @property
+    def now_unix(self) -> float: ...
+
+    def advance(self, dt: float) -> None: ...
+
+    def sample(self) -> Iterable[Group]: ...
+
+
+@dataclass
+class Evaluation:
+    """What one run through the rules gave: alert episodes, the observed records, costs."""
+
+    episodes: list[Episode]
+    observed: dict[str, list[tuple[dict[str, str], np.ndarray, np.ndarray]]]
+    stats: dict[str, float]
+
+
+class _FleetSource:
+    def __init__(self, fleet: Fleet, sampler: FleetSampler) -> None:
+        self.fleet, self.sampler = fleet, sampler
+
+    @property
+    def now_unix(self) -> float:
+        return self.fleet.now_unix
+
+    def advance(self, dt: float) -> None:
+        self.fleet.advance(dt)
+
+    def sample(self) -> Iterable[Group]:
+        return self.sampler.sample()
 
 
 @dataclass
@@ -135,9 +172,13 @@ class PrometheusEngine:
     """One scenario through one throwaway Prometheus."""
 
     def __init__(self, rules: RuleSet, *, chunk: float = 900.0, exact: bool = False,
-                 batch_samples: int = 2_000_000, threads: int = 2) -> None:
+                 batch_samples: int = 2_000_000, threads: int = 2, observe: tuple[str, ...] = OBSERVED,
+                 produced: set[str] | None = None) -> None:
+        """`observe`: recording rules whose results to keep; `produced`: the series names the
+        sources scrape (default: what a simulated node exports)."""
         self.all_rules = rules
-        self.rules = rules.needed(OBSERVED)
+        self.observe = observe
+        self.rules = rules.needed(observe)
         self.waves = self.rules.levels()
         self.threads = max(1, threads)
         self.chunk = chunk
@@ -145,7 +186,7 @@ class PrometheusEngine:
         self.batch_samples = batch_samples
         exprs = [rule.expr for rule in self.rules.rules]
         referenced = set().union(*(names_in(expr) for expr in exprs)) if exprs else set()
-        self.wanted = referenced & producible_names()
+        self.wanted = referenced & (producible_names() if produced is None else produced)
         self.selectors = selectors(exprs, self.wanted)
 
     # -- writing ---------------------------------------------------------------------------------
@@ -169,30 +210,37 @@ class PrometheusEngine:
     # -- the run ---------------------------------------------------------------------------------
     def run(self, scenario: Scenario, progress: Progress | None = None) -> RunResult:
         fleet = Fleet(scenario, START_UNIX)
-        exact_nodes = exact_nodes_for(scenario)
-        sampler = FleetSampler(fleet, self.wanted, exact_nodes, self.exact)
+        sampler = FleetSampler(fleet, self.wanted, exact_nodes_for(scenario), self.exact)
+        result = self.evaluate(_FleetSource(fleet, sampler), scenario.duration, scenario.scrape_interval,
+                               scenario.name, progress)
+        return RunResult(scenario, fleet.truth.as_dict(), START_UNIX, result.episodes, result.observed,
+                         result.stats, sampler.exact_nodes)
+
+    def evaluate(self, source: SampleSource, duration: float, dt: float, name: str,
+                 progress: Progress | None = None) -> Evaluation:
+        """Scrape `source` every `dt` for `duration` into a throwaway Prometheus, a stretch at a time,
+        and run every rule over each stretch."""
         recorder = Recorder(keep_by(self.selectors.wants))
         prometheus = Prometheus(remote_write_receiver=True, out_of_order_window="2h", extra_args=[
             "--query.max-samples=500000000", "--query.timeout=10m", "--storage.tsdb.retention.time=3650d"])
         trackers = {id(rule): AlertTracker(rule.name, rule.hold, rule.keep_firing) for rule in self.rules.alerting}
         rows = {id(rule): _SeriesRows() for rule in self.rules.recording}
-        observed: dict[str, list[tuple[dict[str, str], np.ndarray, np.ndarray]]] = {name: [] for name in OBSERVED}
+        observed: dict[str, list[tuple[dict[str, str], np.ndarray, np.ndarray]]] = {n: [] for n in self.observe}
         stats = {"sim_s": 0.0, "write_s": 0.0, "eval_s": 0.0, "raw_samples": 0, "rule_samples": 0,
                  "raw_series": 0, "ticks": 0}
-        dt = scenario.scrape_interval
-        ticks = round(scenario.duration / dt)
+        ticks = round(duration / dt)
         per_chunk = max(1, round(self.chunk / dt))
         with prometheus, ThreadPoolExecutor(self.threads, thread_name_prefix="bench-eval") as pool:
             client = PromClient(prometheus.url, timeout=600)
             done = 0
             while done < ticks:
                 started = time.perf_counter()
-                lo = fleet.now_unix
+                lo = source.now_unix
                 for _ in range(min(per_chunk, ticks - done)):
-                    fleet.advance(dt)
-                    recorder.add(round(fleet.now_unix * 1000), sampler.sample())
+                    source.advance(dt)
+                    recorder.add(round(source.now_unix * 1000), source.sample())
                     done += 1
-                hi = fleet.now_unix
+                hi = source.now_unix
                 block = recorder.flush()
                 stats["sim_s"] += time.perf_counter() - started
                 started = time.perf_counter()
@@ -210,13 +258,12 @@ class PrometheusEngine:
                     stats["rule_samples"] += sum(pool.map(evaluate, wave))
                 stats["eval_s"] += time.perf_counter() - started
                 if progress is not None:
-                    progress(done / ticks, scenario.name)
+                    progress(done / ticks, name)
             stats["ticks"] = done
             stats["raw_series"] = len(recorder.labels)
         episodes = sorted((e for tracker in trackers.values() for e in tracker.episodes),
                           key=lambda e: (e.fired_at, e.alertname))
-        return RunResult(scenario, fleet.truth.as_dict(), START_UNIX, episodes, observed, stats,
-                         sampler.exact_nodes)
+        return Evaluation(episodes, observed, stats)
 
     # -- rules -----------------------------------------------------------------------------------
     @staticmethod
