@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from nvml_driver import DEVICE_NAMES, STATE_VARIABLE, DriverState, InProcess
+from nvml_driver import DEVICE_NAMES, STATE_VARIABLE, DriverState, InProcess, header_dir
 from prometheus_client.parser import text_string_to_metric_families
 from test_nvml_backend import wait_for
 
@@ -177,6 +177,8 @@ def test_gpm_is_measured_between_cycles_over_a_sample_pair_and_absent_before_hop
 
 
 def test_calls_of_the_wrong_shape_are_refused_as_the_driver_refuses_them(driver, state):
+    state.gpus.append(state.gpus[0].__class__("H200"))
+    state.write()
     nvml = driver.pynvml
     nvml.nvmlInit()
     try:
@@ -197,6 +199,13 @@ def test_calls_of_the_wrong_shape_are_refused_as_the_driver_refuses_them(driver,
             nvml.nvmlGpmMetricsGet(request)
         request.sample1, request.sample2 = first, second
         assert nvml.nvmlGpmMetricsGet(request).metrics[0].value == pytest.approx(50.0)
+        nvml.nvmlGpmSampleGet(nvml.nvmlDeviceGetHandleByIndex(2), second)   # a pair from two GPUs
+        with pytest.raises(nvml.NVMLError_InvalidArgument):
+            nvml.nvmlGpmMetricsGet(request)
+        state.restore(0)                                     # after a reset the old handle is lost
+        with pytest.raises(nvml.NVMLError_GpuIsLost):
+            nvml.nvmlDeviceGetPowerUsage(handle)
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
         other = nvml.nvmlDeviceGetHandleByIndex(1)           # the A100 has no GPM
         with pytest.raises(nvml.NVMLError_NotSupported):
             nvml.nvmlGpmSampleGet(other, first)
@@ -352,3 +361,15 @@ def test_stop_frees_the_event_set_and_gpm_samples_and_shuts_nvml_down(rig, drive
     r.close()
     assert driver.live("event_sets") == sets and driver.live("samples") == samples
     assert driver.calls("nvmlShutdown") == shutdowns + 1
+
+
+def test_a_definition_that_differs_from_nvml_h_does_not_compile(tmp_path):
+    """Why the library is built against NVIDIA's header: a wrong width or argument is a build error."""
+    source = tmp_path / "wrong.c"
+    source.write_text('#include "nvml.h"\n'
+                      "nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned long long *power)\n"
+                      "{ (void)device; *power = 0; return NVML_SUCCESS; }\n")
+    result = subprocess.run(["gcc", "-c", "-fPIC", f"-I{header_dir()}", "-o", str(tmp_path / "wrong.o"), str(source)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode != 0
+    assert "conflicting types for 'nvmlDeviceGetPowerUsage'" in result.stderr.replace("‘", "'").replace("’", "'")

@@ -63,7 +63,9 @@ def build() -> Path:
     if (out / LIBRARY).exists():
         return out
     staging = Path(tempfile.mkdtemp(prefix="flopwatch-nvml-build-"))
-    command = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-deprecated-declarations",
+    command = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Wno-deprecated-declarations",
+               # a definition whose types differ from nvml.h's prototype is an error in any case
+               "-Werror=incompatible-pointer-types", "-Werror=implicit-function-declaration", "-Werror=int-conversion",
                f"-I{include}", f"-Wl,-soname,{LIBRARY}", "-o", str(staging / LIBRARY), str(SOURCE), "-lpthread"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
