@@ -8,9 +8,14 @@
  * the needed count), GPM sample pairs taken from one device in order. It answers in the driver's
  * units: mW, mJ, MHz, ns, percent, KiB for NVLink data, bytes for PCIe counters.
  *
- * GPUs and faults come from a state file (path in FLOPWATCH_NVML_STATE; see state.py), re-read
- * whenever it changes, so a test or a running agent sees a GPU fall off the bus, an XID arrive,
- * a function answer NOT_SUPPORTED, a call hang or the driver restart.
+ * GPUs and faults come from a state file (path in FLOPWATCH_NVML_STATE; written by DriverState in
+ * __init__.py), re-read whenever it changes, so a test or a running agent sees a GPU fall off the
+ * bus, an XID arrive, a function answer NOT_SUPPORTED, a call hang or the driver restart. Lines:
+ *   driver V | nvml V | epoch N (bump: driver reloaded) | init_error CODE
+ *   gpus COUNT MODEL (A100, H100, H200, B200) | xid GPU CODE (in delivery order)
+ *   gpu INDEX, then for that GPU: KEY VALUE (see KEYS; NVML units) | fail FUNCTION CODE |
+ *   hang FUNCTION SECONDS | field_error FIELD SCOPE CODE | violation POLICY NS | pids P... | name/uuid TEXT
+ * Without a state file it serves 8 healthy H100s.
  */
 #include <errno.h>
 #include <math.h>
