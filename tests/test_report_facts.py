@@ -48,7 +48,8 @@ def week_results(gpus: list[float] | None = None, previous: bool = False) -> Res
     outcomes = [
         rng("gpus", [({}, gpus or [16] * 4)]), rng("peak", [({}, [16 * PEAK] * 4)]), rng("busy", [({}, [8] * 4)]),
         rng("allocated", [({}, [8] * 4)]), rng("job_gpus", [({**a, "user": "alice"}, [8] * 4)]),
-        rng("job_busy", [(a, [6] * 4)]), rng("job_flops", [(a, [flops_per_bucket] * 4)]),
+        rng("job_busy", [(a, [6] * 4)]),
+        rng("job_flops", [(a, [flops_per_bucket] * 4), ({"job_id": "ghost"}, [2.5e17] * 4)]),
         rng("energy", [({}, [2.5 * 3.6e6] * 4)]), rng("job_energy", [(a, [2 * 3.6e6] * 4)]),
         rng("idle_energy", [({}, [0.5 * 3.6e6] * 4)]),
         rng("straggler_arrivals", ranks), rng("job_steps", [(a, [360] * 4)]),

@@ -52,7 +52,7 @@ def test_names_are_unique_and_balanced():
 def test_ranges_follow_the_grid_and_the_window():
     grid = grid_for(WEEK, 15)
     p = Promql(ReportSettings(), WEEK, grid, 15)
-    assert grid.step == 3600 and "[3600s]" in next(q for q in p.range_queries() if q.name == "busy").expr
+    assert grid.step == 3600 and "[3599999ms]" in next(q for q in p.range_queries() if q.name == "busy").expr
     total = next(q for q in p.total_queries(WEEK) if q.name == "energy_total")
     assert "[604800s]" in total.expr and total.at == WEEK.end
     prev = {q.name: q for q in p.total_queries(WEEK.previous(), "prev_")}

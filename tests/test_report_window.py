@@ -74,4 +74,4 @@ def test_grid_buckets_hold_at_least_two_samples():
 def test_grid_times():
     grid = Grid(end=1000.0, step=100.0, n=3)
     assert grid.times.tolist() == [800.0, 900.0, 1000.0]
-    assert grid.range() == "100s"
+    assert grid.range() == "99999ms"

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from flopwatch.promql import PromClient
+from flopwatch.catalog import gpu, train
+from flopwatch.promql import PromClient, PromError
 from flopwatch.report import incidents as inc
 from flopwatch.report import recommend, render, sections
 from flopwatch.report.facts import Facts, compute
 from flopwatch.report.fetch import Fetcher, Progress, Results
 from flopwatch.report.model import Report, Section
 from flopwatch.report.pdf import PdfError, write_pdf
-from flopwatch.report.queries import Promql, Query, probe_queries
+from flopwatch.report.queries import Promql, Query, probe_queries, q
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Grid, Window, format_duration, format_time, grid_for
 
@@ -51,7 +52,7 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
             "retention reaches back that far.")
         return report
 
-    spacing = window.seconds / max(gpu_samples, train_samples)
+    spacing = sample_spacing(client, window) or window.seconds / max(gpu_samples, train_samples)
     grid = grid_for(window, spacing)
     report.step = grid.step
     fetcher.grid = grid
@@ -97,6 +98,35 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
     ]
     _summary_first(report.sections)
     return report
+
+
+def sample_spacing(client: PromClient, window: Window) -> float | None:
+    """Seconds between samples, measured: the median gap between the raw samples of the series
+    with the most samples (GPU telemetry, else training), in its fullest bucket of the window.
+    Every covered second is a sample count times this, so it must not depend on how much of the
+    window the data fills. None when it cannot be measured (the caller estimates)."""
+    coarse = grid_for(window, None)
+    for name in (gpu.UP.name, train.STEPS.name):
+        try:
+            top = client.query(f"topk(1, count_over_time({name}[{window.range()}]))", at=window.end)
+            if not top:
+                continue
+            matchers = ", ".join(f"{k}={q(v)}" for k, v in sorted(top[0].labels.items()) if k != "__name__")
+            selector = f"{name}{{{matchers}}}"
+            counts = client.query_range(f"count_over_time({selector}[{coarse.range()}])", coarse.first, coarse.end,
+                                        coarse.step)
+            points = [(float(v), float(t)) for series in counts for t, v in series["values"]]
+            if not points:
+                continue
+            fullest = max(points)[1]
+            raw = client._get("/api/v1/query", {"query": f"{selector}[{coarse.range()}]", "time": fullest})
+        except PromError:
+            return None
+        stamps = sorted(float(t) for series in raw.get("result", []) for t, _ in series.get("values", []))
+        gaps = np.diff(stamps)
+        if gaps.size:
+            return float(np.median(gaps))
+    return None
 
 
 def _summary_first(items: list[Section]) -> None:

@@ -1,10 +1,10 @@
 """The numbers behind the report, per cluster and per job, from the query results.
 
-GPU-hours and the MFU denominator (allocated GPUs x peak FLOP/s x time) are sample counts over the
-whole window times the sample spacing, exact whatever the grid; counters (FLOPs, tokens, energy,
-phase seconds) are increases over the whole window. Quantities that need two series at the same
-moment (busy while allocated, telemetry MFU, energy while a job held the GPU) are sums over the
-grid's buckets. Ratios are formed last, from those sums.
+Every figure counts only the time the samples cover. GPU-hours and the MFU denominator (allocated
+GPUs x peak FLOP/s x time) are sample counts per bucket times the measured sample spacing; counters
+(FLOPs, tokens, energy, phase seconds) are sums of per-bucket increases, so a bucket without
+samples (before the first, after the last, a scrape gap, a Prometheus restart) adds nothing to
+either side of a ratio. Ratios are formed last, from those sums.
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ class ClusterFacts:
     idle_energy_j: float | None = None
     tensor: np.ndarray | None = None
     tensor_gpus: np.ndarray | None = None
+    reporting: np.ndarray | None = None       # GPUs reporting, averaged over each bucket's samples
     gpu_seconds: float | None = None          # from sample counts; None: from the buckets
     peak_seconds: float | None = None
     allocated_seconds: float | None = None
@@ -175,6 +176,11 @@ class ClusterFacts:
     @property
     def max_gpus(self) -> int:
         return int(np.nanmax(self.gpus)) if np.isfinite(self.gpus).any() else 0
+
+    @property
+    def covered_hours(self) -> float:
+        """Hours of data: the GPU-hours the samples cover over the most GPUs seen at once."""
+        return self.gpu_hours / self.max_gpus if self.max_gpus else 0.0
 
     @property
     def peak_flop_seconds(self) -> float:
@@ -276,87 +282,101 @@ def _series(matrix: dict[tuple[str, ...], np.ndarray], key: tuple[str, ...], n: 
     return matrix.get(key, np.full(n, np.nan))
 
 
+def _totals(matrix: dict[tuple[str, ...], np.ndarray], scale: float = 1.0) -> dict[tuple[str, ...], float]:
+    """Per key, the sum over the buckets (x `scale`): what the samples cover in the window."""
+    return {key: float(np.nansum(values)) * scale for key, values in matrix.items()}
+
+
+def _covered(results: Results, name: str, fallback: str, grid: Grid, *keys: str,
+             scale: float = 1.0) -> dict[tuple[str, ...], float]:
+    """Bucket sums of `name`, or the whole-window query `fallback` when the bucket query failed."""
+    if results.get(name) is not None and results.get(name).ok:  # type: ignore[union-attr]
+        return _totals(results.matrix(name, grid, *keys), scale)
+    return {key: value * scale for key, value in results.vector(fallback, *keys).items()}
+
+
+def _counted(results: Results, name: str, fallback: str, grid: Grid, *keys: str) -> dict[tuple[str, ...], float]:
+    """A training counter over the covered time: its buckets' increases plus the first values of
+    series that began in the window (born_*: they counted from zero before their first sample)."""
+    totals = _covered(results, name, fallback, grid, *keys)
+    if results.get(name) is not None and results.get(name).ok:  # type: ignore[union-attr]
+        born = results.vector(name.replace("job_", "born_", 1), *keys)
+        for key, value in born.items():
+            totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
 def compute(results: Results, settings: ReportSettings, window: Window, grid: Grid, spacing: float) -> Facts:
     """Per-cluster and per-job facts from the first batch of query results; `spacing` is the
-    seconds between samples (sample counts x spacing = seconds)."""
+    measured seconds between samples (sample counts x spacing = seconds covered)."""
+    jobs, unattributed = _jobs(results, settings, grid, spacing)
+    clusters = _clusters(results, settings, window, grid, spacing, jobs, unattributed)
+    return Facts(window, grid, clusters, jobs, previous(results, settings, window, grid, spacing), unattributed)
+
+
+def _jobs(results: Results, settings: ReportSettings, grid: Grid,
+          spacing: float) -> tuple[dict[tuple[str, str], JobFacts], list[tuple[str, str]]]:
     n, step = grid.n, grid.step
     m = results.matrix
     label = settings.cluster_label
-    gpus = m("gpus", grid, label)
-    allocated = m("allocated", grid, label)
-    busy = m("busy", grid, label)
-    peak = m("peak", grid, label)
-    energy_total = results.vector("energy_total", label)
-    power_avg = results.vector("power_avg", label)
-    flops_total = results.vector("flops_total", label, "job_id")
-    hw_total = results.vector("hw_flops_total", label, "job_id")
-    tokens_total = results.vector("tokens_total", label, "job_id")
+    held = _covered(results, "job_cover", "alloc_samples", grid, label, "job_id", "user", scale=spacing)
+    busy = _covered(results, "job_busy_cover", "", grid, label, "job_id", scale=spacing) or \
+        {key: _sum(values, step) for key, values in m("job_busy", grid, label, "job_id").items()}
+    peak = _covered(results, "job_peak_cover", "job_peak_samples", grid, label, "job_id", scale=spacing)
+    flops = _counted(results, "job_flops", "flops_total", grid, label, "job_id")
+    hw_flops = _counted(results, "job_hw_flops", "hw_flops_total", grid, label, "job_id")
+    tokens = _counted(results, "job_tokens", "tokens_total", grid, label, "job_id")
+    phases = _counted(results, "job_phases", "phases_total", grid, label, "job_id", "phase")
+    checkpoint = _counted(results, "job_checkpoint", "checkpoint_total", grid, label, "job_id")
     steps_total = results.vector("steps_total", label, "job_id")
-    phases_total = results.vector("phases_total", label, "job_id", "phase")
-    checkpoint_total = results.vector("checkpoint_total", label, "job_id")
-    gpu_samples = results.vector("gpu_samples", label)
-    peak_samples = results.vector("peak_samples", label)
-    alloc_samples = results.vector("alloc_samples", label, "job_id", "user")
-    job_peak_samples = results.vector("job_peak_samples", label, "job_id")
-
-    job_gpus = m("job_gpus", grid, label, "job_id", "user")
-    job_busy = m("job_busy", grid, label, "job_id")
-    job_flops = m("job_flops", grid, label, "job_id")
     job_tensor = m("job_tensor", grid, label, "job_id")
     job_tensor_gpus = m("job_tensor_gpus", grid, label, "job_id")
     job_energy = m("job_energy", grid, label, "job_id")
-    energy = m("energy", grid, label)
-    idle_energy = m("idle_energy", grid, label)
-    tensor = m("tensor", grid, label)
-    tensor_gpus = m("tensor_gpus", grid, label)
+    job_flops = m("job_flops", grid, label, "job_id")
     wait = straggler_wait(m("straggler_arrivals", grid, label, "job_id", "rank", "node", "gpu"),
                           m("job_steps", grid, label, "job_id"))
 
     jobs: dict[tuple[str, str], JobFacts] = {}
-    for (cluster, job_id, user), series in job_gpus.items():
-        key = (cluster, job_id)
-        job = jobs.get(key)
+
+    def job_of(cluster: str, job_id: str, user: str) -> JobFacts:
+        job = jobs.get((cluster, job_id))
         if job is None:
-            job = jobs[key] = JobFacts(cluster, job_id, user, settings.teams.get(user, ""))
+            job = jobs[(cluster, job_id)] = JobFacts(cluster, job_id, user, settings.teams.get(user, ""))
             job.gpus_series = np.zeros(n)
-        job.gpu_seconds += _sum(series, step)
+        return job
+
+    for (cluster, job_id, user), series in m("job_gpus", grid, label, "job_id", "user").items():
+        job = job_of(cluster, job_id, user)
         job.gpus_series = np.nansum([job.gpus_series, series], axis=0)
-        held = np.flatnonzero(np.isfinite(series) & (series > 0))
-        if held.size:
-            first, last = float(grid.times[held[0]] - step), float(grid.times[held[-1]])
+        present = np.flatnonzero(np.isfinite(series) & (series > 0))
+        if present.size:
+            first, last = float(grid.times[present[0]] - step), float(grid.times[present[-1]])
             job.first = first if job.first is None else min(job.first, first)
             job.last = last if job.last is None else max(job.last, last)
-    if alloc_samples:  # sample counts replace the buckets' estimate
-        for job in jobs.values():
-            job.gpu_seconds = 0.0
-        for (cluster, job_id, user), samples in alloc_samples.items():
-            job = jobs.get((cluster, job_id))
-            if job is None:  # held GPUs only between the grid's points
-                job = jobs[(cluster, job_id)] = JobFacts(cluster, job_id, user, settings.teams.get(user, ""))
-                job.gpus_series = np.zeros(n)
-            job.gpu_seconds += samples * spacing
+    for (cluster, job_id, user), seconds in held.items():
+        job_of(cluster, job_id, user).gpu_seconds += seconds
     for job in jobs.values():
         key = (job.cluster, job.job_id)
         job.max_gpus = int(np.nanmax(job.gpus_series)) if job.gpus_series is not None and job.gpus_series.size else 0
-        job.busy_gpu_seconds = min(_sum(job_busy.get(key), step), job.gpu_seconds)
-        job.peak_flop_seconds = job_peak_samples.get(key, 0.0) * spacing
+        job.busy_gpu_seconds = min(busy.get(key, 0.0), job.gpu_seconds)
+        job.peak_flop_seconds = peak.get(key, 0.0)
         job.tensor_gpu_seconds = _sum(job_tensor.get(key), step)
         job.tensor_cover_seconds = _sum(job_tensor_gpus.get(key), step)
         if key in job_energy:  # increases per bucket: joules already
             job.energy_j = float(np.nansum(job_energy[key]))
 
     unattributed = []
-    for key in sorted(set(flops_total) | set(steps_total)):
+    for key in sorted(set(flops) | set(steps_total)):
         job = jobs.get(key)
         if job is None:
             unattributed.append(key)
             continue
-        job.model_flops = flops_total.get(key, 0.0)
-        job.hardware_flops = hw_total.get(key, job.model_flops)
-        job.tokens = tokens_total.get(key)
+        job.model_flops = flops.get(key, 0.0)
+        job.hardware_flops = hw_flops.get(key, job.model_flops)
+        job.tokens = tokens.get(key)
         job.steps = steps_total.get(key)
-        job.phases = {phase: value for (c, j, phase), value in phases_total.items() if (c, j) == key}
-        job.checkpoint_s = checkpoint_total.get(key, 0.0)
+        job.phases = {phase: value for (c, j, phase), value in phases.items() if (c, j) == key}
+        job.checkpoint_s = checkpoint.get(key, 0.0)
         job.straggler_wait_s = wait.get(key, 0.0)
         job.flops_series = job_flops.get(key)
         if job.gpus_series is not None and job.gpu_seconds:  # the job's GPUs x their mean peak
@@ -364,6 +384,30 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
         if job.flops_series is not None and job.peak_series is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
                 job.mfu_series = np.where(job.peak_series > 0, job.flops_series / (job.peak_series * step), np.nan)
+    return jobs, unattributed
+
+
+def _clusters(results: Results, settings: ReportSettings, window: Window, grid: Grid, spacing: float,
+              jobs: dict[tuple[str, str], JobFacts], unattributed: list[tuple[str, str]]) -> dict[str, ClusterFacts]:
+    n, step = grid.n, grid.step
+    m = results.matrix
+    label = settings.cluster_label
+    per_bucket = spacing / step  # samples in a bucket -> GPUs on average over it
+    gpus = m("gpus", grid, label)
+    cover = {key: values * per_bucket for key, values in m("gpu_cover", grid, label).items()}
+    allocated = {key: values * per_bucket for key, values in m("alloc_cover", grid, label).items()} \
+        or m("allocated", grid, label)
+    busy = {key: values * per_bucket for key, values in m("busy_cover", grid, label).items()} or m("busy", grid, label)
+    peak = {key: values * per_bucket for key, values in m("peak_cover", grid, label).items()} or m("peak", grid, label)
+    energy = m("energy", grid, label)
+    energy_total = _covered(results, "energy", "energy_total", grid, label)
+    flops = _counted(results, "job_flops", "flops_total", grid, label, "job_id")
+    power_avg = results.vector("power_avg", label)
+    gpu_samples = _covered(results, "gpu_cover", "gpu_samples", grid, label, scale=spacing)
+    peak_samples = _covered(results, "peak_cover", "peak_samples", grid, label, scale=spacing)
+    idle_energy = m("idle_energy", grid, label)
+    tensor = m("tensor", grid, label)
+    tensor_gpus = m("tensor_gpus", grid, label)
 
     clusters: dict[str, ClusterFacts] = {}
     names = sorted({k[0] for k in (*gpus, *allocated, *energy_total, *power_avg, *gpu_samples)}
@@ -373,33 +417,29 @@ def compute(results: Results, settings: ReportSettings, window: Window, grid: Gr
         cf = ClusterFacts(
             name, step, _series(gpus, key, n), _series(allocated, key, n), _series(busy, key, n),
             _series(peak, key, n), energy_series=energy.get(key), tensor=tensor.get(key),
-            tensor_gpus=tensor_gpus.get(key),
+            tensor_gpus=tensor_gpus.get(key), reporting=cover.get(key),
         )
-        if key in gpu_samples:
-            cf.gpu_seconds = gpu_samples[key] * spacing
-        if key in peak_samples:
-            cf.peak_seconds = peak_samples[key] * spacing
-        if alloc_samples:
-            cf.allocated_seconds = sum(v for k, v in alloc_samples.items() if k[0] == name) * spacing
+        cf.gpu_seconds = gpu_samples.get(key)
+        cf.peak_seconds = peak_samples.get(key)
+        members = [j for j in jobs.values() if j.cluster == name]
+        cf.allocated_seconds = sum(j.gpu_seconds for j in members)
         if key in energy_total:
             cf.energy_j = energy_total[key]
         elif key in power_avg:
-            cf.energy_j = power_avg[key] * window.seconds
+            cf.energy_j = power_avg[key] * (cf.gpu_seconds / max(cf.max_gpus, 1) if cf.gpu_seconds else window.seconds)
             cf.energy_estimated = True
         if key in idle_energy:
             cf.idle_energy_j = float(np.nansum(idle_energy[key]))
-        members = [j for j in jobs.values() if j.cluster == name]
         instrumented = [j for j in members if j.instrumented]
-        flops = [v for (c, _), v in flops_total.items() if c == name]
-        cf.model_flops = float(sum(flops)) if flops else None
-        tokens = [v for (c, _), v in tokens_total.items() if c == name]
+        cluster_flops = [v for (c, _), v in flops.items() if c == name]  # unattributed jobs' too
+        cf.model_flops = float(sum(cluster_flops)) if cluster_flops else None
+        tokens = [j.tokens for j in members if j.tokens is not None]
         cf.tokens = float(sum(tokens)) if tokens else None
         cf.allocated_peak_flop_seconds = sum(j.peak_flop_seconds for j in members)
         cf.instrumented_peak_flop_seconds = sum(j.peak_flop_seconds for j in instrumented)
         cf.allocated_busy_seconds = sum(j.busy_gpu_seconds for j in members)
         clusters[name] = cf
-
-    return Facts(window, grid, clusters, jobs, previous(results, settings, window, grid, spacing), unattributed)
+    return clusters
 
 
 def straggler_wait(arrivals: dict[tuple[str, ...], np.ndarray],

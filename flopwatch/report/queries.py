@@ -62,6 +62,9 @@ class Promql:
         self.c = settings.cluster_label
         self.r = grid.range()
         self.w = window.range()
+        # Counters per bucket read one sample past the bucket's start (the previous bucket's last),
+        # so consecutive buckets' increases add up to the whole (see `increase`).
+        self.counter_range = f"{int((grid.step + (spacing or 0) / 2) * 1000)}ms"
         # Samples sparser than Prometheus's 5m lookback need an explicit one (which cannot see stale markers).
         self.lookback = f"{int(2 * spacing) + 1}s" if spacing and spacing > LOOKBACK_S else None
 
@@ -92,10 +95,32 @@ class Promql:
 
     @property
     def tensor_flops(self) -> str:
-        """Per GPU: tensor-pipe activity x SM clock / max clock (telemetry-only MFU, OFU). The three
-        series of one GPU carry the same labels, so they match one to one without aggregating."""
-        return self.per_gpu(f"avg_over_time({gpu.TENSOR_ACTIVE.name}[{self.r}]) * "
+        """Per GPU: tensor-pipe activity x SM clock / max clock (telemetry-only MFU, OFU), summed over
+        the bucket's samples so a bucket counts as much as the samples cover (divide by
+        `tensor_samples`). The three series of one GPU carry the same labels, so they match one
+        to one without aggregating."""
+        return self.per_gpu(f"sum_over_time({gpu.TENSOR_ACTIVE.name}[{self.r}]) * "
                             f"avg_over_time({gpu.SM_CLOCK.name}[{self.r}]) / {self.sel(gpu.SM_CLOCK_MAX.name)}")
+
+    def increase(self, name: str, matchers: str = "") -> str:
+        """A counter's increase in each bucket, such that the buckets' increases add up to the
+        increase from the first sample to the last (where `increase` over the bucket alone would
+        extrapolate each bucket from its own samples). The range reaches half a sample spacing
+        before the bucket, so it holds the previous bucket's last sample; the rate over it times
+        the step is then the difference between the two buckets' last samples. A bucket without
+        samples adds nothing: a gap longer than a bucket is not counted."""
+        selector = f"{name}{{{matchers}}}" if matchers else name
+        return f"(rate({selector}[{self.counter_range}]) * {self.grid.step:g})"
+
+    def samples(self, name: str, matchers: str = "") -> str:
+        """Samples per bucket of each series: x the sample spacing, the seconds it covers."""
+        selector = f"{name}{{{matchers}}}" if matchers else name
+        return f"count_over_time({selector}[{self.r}])"
+
+    @property
+    def held(self) -> str:
+        """Per (job, GPU): samples of the job's hold on the GPU in each bucket."""
+        return f"max by ({self.by('job_id', 'node', 'gpu')}) ({self.samples(job.GPU_JOB_INFO.name)})"
 
     def join_jobs(self, per_gpu_expr: str, *extra: str) -> str:
         """A per-GPU value summed over each job's GPUs."""
@@ -113,9 +138,9 @@ class Promql:
 
     # -- the main plan ---------------------------------------------------------------------------
     def range_queries(self) -> list[Query]:
-        r, c = self.r, self.c
+        r, c = self.r, self.c  # noqa: F841 - kept for the specs below
         info_on = f"on ({self.by('node', 'gpu')})"
-        energy = f"increase({gpu.ENERGY.name}[{r}])"
+        energy = self.increase(gpu.ENERGY.name)
         specs = [
             ("gpus", "GPUs reporting", f"count by ({c}) ({self.per_gpu(self.sel(gpu.UP.name))})"),
             ("peak", "fleet peak FLOP/s", f"sum by ({c}) ({self.peak})"),
@@ -126,21 +151,51 @@ class Promql:
             ("job_busy", "busy GPUs per job",
              f"count by ({self.by('job_id')}) ({self.info()} and {info_on} ({self.busy}))"),
             ("job_flops", "model FLOPs per job",
-             f"sum by ({self.by('job_id')}) (increase({train.MODEL_FLOPS.name}[{r}]))"),
+             f"sum by ({self.by('job_id')}) ({self.increase(train.MODEL_FLOPS.name)})"),
             ("job_tensor", "telemetry MFU per job", self.join_jobs(self.tensor_flops)),
             ("job_tensor_gpus", "GPUs with tensor activity per job",
-             f"count by ({self.by('job_id')}) ({self.info()} and {info_on} "
-             f"{self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
+             self.join_jobs(self.per_gpu(self.samples(gpu.TENSOR_ACTIVE.name)))),
             ("tensor", "telemetry MFU", f"sum by ({c}) ({self.tensor_flops})"),
             ("tensor_gpus", "GPUs with tensor activity",
-             f"count by ({c}) ({self.per_gpu(f'avg_over_time({gpu.TENSOR_ACTIVE.name}[{r}])')})"),
+             f"sum by ({c}) ({self.per_gpu(self.samples(gpu.TENSOR_ACTIVE.name))})"),
             ("energy", "energy over time", f"sum by ({c}) ({energy})"),
             ("job_energy", "energy per job", self.join_jobs(self.per_gpu(energy))),
             ("idle_energy", "energy of unallocated GPUs",
              f"sum by ({c}) ({self.per_gpu(energy)} unless {info_on} {self.sel(job.GPU_JOB_INFO.name)})"),
-            ("job_steps", "steps per job", f"max by ({self.by('job_id')}) (increase({train.STEPS.name}[{r}]))"),
+            ("job_steps", "steps per job", f"max by ({self.by('job_id')}) ({self.increase(train.STEPS.name)})"),
         ]
-        return [Query(name, title, expr, "range") for name, title, expr in specs]
+        return [Query(name, title, expr, "range") for name, title, expr in specs + self.covered_specs()]
+
+    def covered_specs(self) -> list[tuple[str, str, str]]:
+        """Per bucket, what the samples cover: sample counts (x spacing = GPU-seconds, peak-FLOP-seconds)
+        and counter increases (a bucket without samples adds nothing, so a gap, a restart or a
+        window longer than the data never counts time nobody measured)."""
+        r, c = self.r, self.c
+        on = f"on ({self.by('node', 'gpu')})"
+        dtype = f"dtype={q(self.s.dtype)}"
+        peak = f"max by ({self.by('node', 'gpu')}) (max_over_time({gpu.PEAK_FLOPS.name}{{{dtype}}}[{r}]))"
+        jobs, phases = self.by("job_id"), self.by("job_id", "phase")
+        return [
+            ("gpu_cover", "GPU samples", f"sum by ({c}) ({self.per_gpu(self.samples(gpu.UP.name))})"),
+            ("peak_cover", "peak FLOP/s samples",
+             f"sum by ({c}) ({self.per_gpu(f'sum_over_time({gpu.PEAK_FLOPS.name}{{{dtype}}}[{r}])')})"),
+            ("alloc_cover", "allocated GPU samples", f"sum by ({c}) ({self.held})"),
+            ("busy_cover", "busy GPU samples",
+             f"sum by ({c}) ({self.per_gpu(self.samples(gpu.UTILIZATION.name))} and {on} ({self.busy}))"),
+            ("job_cover", "allocated GPU samples per job",
+             f"sum by ({self.by('job_id', 'user')}) (max by ({self.by('job_id', 'user', 'node', 'gpu')}) "
+             f"({self.samples(job.GPU_JOB_INFO.name)}))"),
+            ("job_busy_cover", "busy GPU samples per job", f"sum by ({jobs}) ({self.held} and {on} ({self.busy}))"),
+            ("job_peak_cover", "allocated peak samples per job",
+             f"sum by ({jobs}) ({self.held} * {on} group_left () {peak})"),
+            ("job_hw_flops", "hardware FLOPs per job",
+             f"sum by ({jobs}) ({self.increase(train.HARDWARE_FLOPS.name)})"),
+            ("job_tokens", "tokens per job", f"sum by ({jobs}) ({self.increase(train.TOKENS.name)})"),
+            ("job_phases", "step phases per job",
+             f"sum by ({phases}) ({self.increase(train.PHASE_SECONDS.name)})"),
+            ("job_checkpoint", "checkpoints per job",
+             f"sum by ({jobs}) ({self.increase(train.CHECKPOINT_SECONDS.name)})"),
+        ]
 
     def hardware_candidates(self) -> list[Query]:
         """Instant queries over the whole window naming the GPUs and ports with any hardware trouble,
@@ -240,6 +295,13 @@ class Promql:
                 ("job_peak_samples", "allocated peak samples", f"sum by ({jobs}) ({job_peak})"),
             ]
         if not prefix:
+            specs += [self.born(name, title, counter, by) for name, title, counter, by in (
+                ("born_flops", "model FLOPs of new series", train.MODEL_FLOPS.name, jobs),
+                ("born_hw_flops", "hardware FLOPs of new series", train.HARDWARE_FLOPS.name, jobs),
+                ("born_tokens", "tokens of new series", train.TOKENS.name, jobs),
+                ("born_phases", "step phases of new series", train.PHASE_SECONDS.name, self.by("job_id", "phase")),
+                ("born_checkpoint", "checkpoints of new series", train.CHECKPOINT_SECONDS.name, jobs),
+            )]
             specs += [
                 ("hw_flops_total", "hardware FLOPs",
                  f"sum by ({jobs}) (increase({train.HARDWARE_FLOPS.name}[{w}]))"),
@@ -252,6 +314,15 @@ class Promql:
                  f"count(last_over_time({ALERTS_STRAGGLER}[{w}]))"),
             ]
         return [Query(prefix + name, title, expr, "instant", at=at) for name, title, expr in specs]
+
+    def born(self, name: str, title: str, counter: str, by: str) -> tuple[str, str, str]:
+        """The first value of each training counter whose series begins in the window (a job or
+        rank started): it counted from zero inside the covered time, before its first sample,
+        which no increase between samples sees. A series seen in the BASELINE_LOOKBACK before
+        the window is not new."""
+        w = self.window.range()
+        return (name, title, f"sum by ({by}) (min_over_time({counter}[{w}]) unless "
+                             f"count_over_time({counter}[{BASELINE_LOOKBACK}] offset {w}))")
 
     def previous_range_queries(self, grid: Grid) -> list[Query]:
         """The window before, for week-over-week deltas: busy GPUs (the rest are instant totals)."""

@@ -33,8 +33,17 @@ def recommendations(facts: Facts, stragglers: list[Incident], lemons: list[Lemon
             return ""
         return f", about {fmt(gpu_hours * settings.price_gpu_hour, 'money', settings.currency)}"
 
+    skipped: list[float] = []
+
+    def enough(gpu_hours: float, needed: float) -> bool:
+        """Whether a figure covers enough GPU time to act on; remembers those that do not."""
+        if gpu_hours >= needed:
+            return True
+        skipped.append(needed)
+        return False
+
     for job in facts.ranked_jobs():
-        if job.mfu is not None and job.mfu < t.low_mfu and job.gpu_hours >= t.min_gpu_hours:
+        if job.mfu is not None and job.mfu < t.low_mfu and enough(job.gpu_hours, t.min_gpu_hours):
             items.append((job.gpu_hours * (t.low_mfu - job.mfu) / t.low_mfu,
                           f"Job {job.job_id} ran at {100 * job.mfu:.0f}% MFU on {job.max_gpus} GPUs for "
                           f"{job.hours:,.0f} h ({job.gpu_hours:,.0f} GPU-hours{money(job.gpu_hours)}): below the "
@@ -45,20 +54,22 @@ def recommendations(facts: Facts, stragglers: list[Incident], lemons: list[Lemon
                           f"Job {job.job_id} used {job.gpu_hours:,.0f} GPU-hours without training telemetry"
                           f"{telemetry}: instrument it with flopwatch.train for exact MFU and goodput."))
         if job.gpu_seconds and job.idle_gpu_hours / job.gpu_hours >= t.idle_share and \
-                job.idle_gpu_hours >= t.min_gpu_hours / 10:
+                enough(job.gpu_hours, t.min_gpu_hours / 10) and job.idle_gpu_hours >= t.min_gpu_hours / 10:
             items.append((job.idle_gpu_hours,
                           f"Job {job.job_id} held GPUs idle for {job.idle_gpu_hours:,.0f} GPU-hours "
                           f"({100 * job.idle_gpu_hours / job.gpu_hours:.0f}% of its allocation"
                           f"{money(job.idle_gpu_hours)}): release GPUs it does not use."))
         badput = job.badput()
-        if badput is not None and job.goodput is not None and job.goodput < t.goodput_low:
+        if badput is not None and job.goodput is not None and job.goodput < t.goodput_low and \
+                enough(job.gpu_hours, t.min_gpu_hours / 10):
             cause = max(BADPUT_CAUSES, key=lambda c: badput[c])
             lost = badput[cause] * job.gpu_hours
             items.append((lost, f"Job {job.job_id} reached {100 * job.goodput:.0f}% goodput; its largest loss is "
                                 f"{cause} ({100 * badput[cause]:.1f}% of its GPU time, {lost:,.0f} GPU-hours): "
                                 f"{ADVICE[cause]}."))
     for cf in facts.clusters.values():
-        if cf.gpu_hours and cf.unallocated_hours / cf.gpu_hours >= t.idle_share:
+        if cf.gpu_hours and cf.unallocated_hours / cf.gpu_hours >= t.idle_share and \
+                enough(cf.gpu_hours, t.min_gpu_hours):
             name = cf.cluster or "The cluster"
             items.append((cf.unallocated_hours,
                           f"{name} left {100 * cf.unallocated_hours / cf.gpu_hours:.0f}% of its GPU-hours "
@@ -77,6 +88,13 @@ def recommendations(facts: Facts, stragglers: list[Incident], lemons: list[Lemon
     section = Section("recommendations", "Recommendations",
                       intro="Written from thresholds (settings.thresholds in --config), largest stake first.")
     section.items = [text for _, text in sorted(items, key=lambda item: -item[0])]
+    if skipped:
+        covered = max((cf.covered_hours for cf in facts.clusters.values()), default=0.0)
+        section.notes.append(
+            f"The data covers {format_duration(covered * 3600)} of this window ({facts.total('gpu_hours') or 0:,.1f} "
+            f"GPU-hours): too little for {len(skipped)} figure(s) to mean something, so they make no "
+            f"recommendation (each needs at least {min(skipped):,.0f} GPU-hours of data; "
+            "thresholds.min_gpu_hours sets it).")
     if not section.items:
         section.notes.append("Nothing crossed a threshold in this window.")
     return section

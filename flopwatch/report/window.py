@@ -126,7 +126,10 @@ class Grid:
         return round((t - self.first) / self.step)
 
     def range(self) -> str:
-        return f"{int(self.step)}s"
+        """The bucket as a PromQL range: a millisecond short of the step, so that Prometheus 2's
+        closed ranges ([t - step, t]) do not count a sample on a boundary in two buckets; each
+        bucket is (t - step, t] as in Prometheus 3."""
+        return f"{int(self.step * 1000) - 1}ms"
 
 
 def grid_for(window: Window, spacing: float | None) -> Grid:
