@@ -41,6 +41,7 @@ ALERTS: tuple[str, ...] = (
     "FlopWatchPcieDegraded", "FlopWatchGpuThrottled", "FlopWatchIbSymbolErrors", "FlopWatchIbLinkDowned",
     "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled",
     "FlopWatchGoodputLow", "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
+    "FlopWatchPipelineImbalance",
 )
 
 #: Recording rules the panels read (owned by alerts/; names from the shared contract).
@@ -51,6 +52,8 @@ RULES: tuple[str, ...] = (
     "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_badput:ratio", "job_id:flopwatch_step_seconds:mean1m",
     "job_id_rank:flopwatch_compute_seconds_per_step:rate1m", "job_id_rank:flopwatch_straggler_score:ratio",
     "node_gpu:flopwatch_gpu_straggler_score:ratio", "cluster:flopwatch_gpus:count",
+    "job_id_class:flopwatch_step_time_lost:ratio", "job_id_stage:flopwatch_arrival_seconds_per_step:median2m",
+    "job_id_rank:flopwatch_arrival_seconds_per_step:increase30s",
 )
 
 # --- units (Grafana unit ids) -------------------------------------------------------------------
@@ -203,10 +206,25 @@ def rank_rows(expr: str, digits: int = 5) -> str:
 
     Prometheus sorts a result by its labels in name order (gpu before rank), and Grafana draws heat
     map rows in the order the series come; padding makes "00010" sort after "00009"."""
-    expr = f"max by (rank) ({expr})"
+    return _padded(f"max by (rank) ({expr})", "rank", digits)
+
+
+def stage_rows(record: str, matchers: str) -> str:
+    """One series per (pipeline stage, dp rank) of `record{matchers}`, stage by stage and dp rank
+    within it, in a `row` label ("003 dp 00012"): the What-if study's heat map, where one hot cell
+    is a bad worker, a band a stage and scattered cells imbalance. A rank that gave no dp rank is
+    shown by its rank."""
+    known = f'max by (stage, dp_rank) ({record}{{{matchers}, dp_rank!=""}})'
+    unknown = (f'max by (stage, dp_rank) (label_replace({record}{{{matchers}, dp_rank=""}}, '
+               '"dp_rank", "$1", "rank", "(.*)"))')
+    padded = _padded(_padded(f"({known} or {unknown})", "stage", 3), "dp_rank", 5)
+    return f'max by (row) (label_join({padded}, "row", " dp ", "stage", "dp_rank"))'
+
+
+def _padded(expr: str, label: str, digits: int) -> str:
     for width in range(1, digits):
         pattern = "([0-9])" if width == 1 else f"([0-9]{{{width}}})"
-        expr = f'label_replace({expr}, "rank", "{"0" * (digits - width)}$1", "rank", "{pattern}")'
+        expr = f'label_replace({expr}, "{label}", "{"0" * (digits - width)}$1", "{label}", "{pattern}")'
     return expr
 
 

@@ -1,8 +1,10 @@
 """Training job: is this job efficient, and if not, which rank, GPU or phase holds it back?
 
 MFU and HFU (instrumented, and the telemetry-only estimate), step time, a heat map of every rank's
-compute seconds per step, straggler scores, communication wait, time per phase, goodput and
-badput, and the clocks, temperatures, power and throttle reasons of the job's GPUs.
+compute seconds per step, straggler scores against each rank's peers, communication wait, time per
+phase, where the step time goes (the What-if heat map of stage x dp rank, the share lost to bad
+workers, stage and scattered imbalance, each stage against the fastest), goodput and badput, and
+the clocks, temperatures, power and throttle reasons of the job's GPUs.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     board.add(
         c.timeseries_panel(
             "Straggler score: worst ranks", "The five ranks with the longest time per step before the "
-            "collective (data + compute + other), over the job's median rank: 1.0 = median, 1.05 = 5% "
+            "collective (data + compute + other), over the median of their peers (the ranks of the same "
+            "pipeline stage; the whole job without stages): 1.0 = median, 1.05 = 5% "
             "slower, and the whole job runs that much slower. FlopWatchStraggler names a rank above 2% "
             "with a corroborating cause (thermal, power, PCIe, NVLink, NIC, host CPU) or 3% without. "
             "Click a line for that GPU.", c.RATIO, show_thresholds=True, legend_table=True)
@@ -138,6 +141,42 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query(
             f"sum by (phase) (rate(flopwatch_train_phase_seconds_total{JOB}[$__rate_interval])) / scalar("
             f"sum(rate(flopwatch_train_steps_total{JOB}[$__rate_interval])))", "{{phase}}")),
+    )
+
+    board.row("Where the step time goes")
+    board.add(
+        c.heatmap_panel(
+            "Arrival per step by pipeline stage and data-parallel rank", "One row per worker, stage by "
+            "stage and data-parallel rank within it (\"stage 003 dp 00012\"); colour = seconds per step "
+            "before the collective (data + compute + other, 30 s window). As in the OSDI'25 What-if study: "
+            "one hot cell is a bad worker (FlopWatchStraggler pages it), a band over all rows of a stage "
+            "is stage imbalance (FlopWatchPipelineImbalance files a ticket), scattered cells that move "
+            "are sequence-length imbalance (reported, never alerted).", c.SECONDS, height=12)
+        .with_target(c.query(c.stage_rows("job_id_rank:flopwatch_arrival_seconds_per_step:increase30s",
+                                          'job_id=~"$job_id"'), "{{row}}")),
+    )
+    board.add(
+        c.timeseries_panel(
+            "Share of step time lost, by class", "Of each step, the share spent waiting for slower ranks "
+            "beyond the collective's own time (5-minute window), split into a bad worker (one rank "
+            "slower than its stage's peers), stage imbalance (a whole pipeline stage slower) and "
+            "scattered imbalance (the slowest rank changes from step to step). 1 / (1 - the total) is "
+            "the job's slowdown: 25% lost means the job runs 1.33x slower than it could.", c.PERCENT,
+            stacked=True)
+        .min(0)
+        .links(board.runbooks("FlopWatchStraggler", "FlopWatchPipelineImbalance"))
+        .with_target(c.query(f"job_id_class:flopwatch_step_time_lost:ratio{JOB}", "{{class}}")),
+        c.timeseries_panel(
+            "Pipeline stages against the fastest", "Each stage's median arrival per step over its data-"
+            "parallel peers (2-minute window), over the fastest stage's: 1.0 = the fastest, 1.2 = 20% "
+            "more work per step. First and last stages a few percent heavier (embedding, loss) are "
+            "normal; FlopWatchPipelineImbalance files a ticket above 10%. A job without pipeline stages "
+            "shows one line at 1.0.", c.RATIO, show_thresholds=True)
+        .thresholds(c.thresholds(c.GREEN, (1.05, c.YELLOW), (1.1, c.ORANGE)))
+        .links(board.runbooks("FlopWatchPipelineImbalance"))
+        .with_target(c.query(
+            f"job_id_stage:flopwatch_arrival_seconds_per_step:median2m{JOB} / on (job_id) group_left () "
+            f"min by (job_id) (job_id_stage:flopwatch_arrival_seconds_per_step:median2m{JOB})", "stage {{stage}}")),
     )
 
     board.row("Goodput and badput")
