@@ -54,11 +54,41 @@ def test_one_f_one_b_step_waits_for_the_bottleneck_and_the_bubble():
         "j"].runner
     step = runner.step()
     arrival = step.phases["data"] + step.phases["compute"] + step.phases["other"]
-    expected = (8 + 4 - 1) / 8 * arrival.max() + runner.comm_exposed + runner.optimizer
-    assert step.wall == pytest.approx(expected)
+    bubble = (4 - 1) / 8 * np.median(arrival)   # fill and drain at the typical stage's pace
+    assert step.wall == pytest.approx(arrival.max() + bubble + runner.comm_exposed + runner.optimizer)
     total = sum(step.phases.values())
     np.testing.assert_allclose(total, step.wall)
     assert step.phases["comm"][runner.stage == 3].mean() < step.phases["comm"][runner.stage == 0].mean()
+
+
+def test_a_heavy_stage_paces_the_micro_batches_but_not_the_bubble():
+    """1F1B with one heavy stage k: step = M t_k + (P - 1) t_typ, so the bubble stays the balanced one."""
+    m, p = 8, 4
+    heavy = Fleet(scenario(pipeline={"stages": p, "stage_weights": [1, 1, 1, 2.0], "micro_batches": m})).jobs[
+        "j"].runner
+    flat = Fleet(scenario(pipeline={"stages": p, "micro_batches": m})).jobs["j"].runner
+    for runner in (heavy, flat):
+        runner.compute_base = 1.0   # one unit of compute per micro-batch pass: compare spans directly
+    spans = {}
+    for name, runner in (("heavy", heavy), ("flat", flat)):
+        step = runner.step()
+        arrival = step.phases["data"] + step.phases["compute"] + step.phases["other"]
+        spans[name] = (step.wall - runner.comm_exposed - runner.optimizer, float(np.median(arrival)),
+                       float(arrival.max()))
+    for span, typical, slowest in spans.values():
+        assert span - slowest == pytest.approx((p - 1) / m * typical)   # the bubble: P - 1 typical slots
+    (heavy_span, typical, slowest), (flat_span, _, flat_slowest) = spans["heavy"], spans["flat"]
+    assert slowest > 1.9 * typical
+    # the old (M + P - 1) / M x max(arrival) would add the heavy stage's excess to the bubble as well
+    assert heavy_span < (m + p - 1) / m * slowest - 0.9 * (p - 1) / m * (slowest - typical)
+    assert flat_span == pytest.approx((m + p - 1) / m * flat_slowest, rel=0.02)   # balanced: as before
+
+
+@pytest.mark.parametrize("weights", [[1, 1, 1, 1], [1, 1, 1, 1.6]])
+def test_pipeline_job_runs_at_its_target_mfu(weights):
+    """The calibration uses the same span as the steps: a heavy stage does not skew the job's MFU."""
+    _, truth = run(pipeline={"stages": 4, "stage_weights": weights, "micro_batches": 8})
+    assert truth["mfu"] == pytest.approx(0.4, rel=0.01)
 
 
 def test_heavy_last_stage_is_stage_imbalance():

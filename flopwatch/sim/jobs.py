@@ -13,9 +13,13 @@ Communication time follows the all-reduce message size over NVLink and NIC bandw
 Pipeline jobs (`pipeline: {stages: P, stage_weights, micro_batches: M}`): rank r is stage
 r // (ranks / P) and data-parallel rank r % (ranks / P) (Megatron's order: tensor fastest, then data,
 then pipeline; tensor-parallel peers are folded into one GPU's rank here). A stage's compute is its
-weight times the base; under 1F1B the pipeline runs (M + P - 1) slots of the slowest rank's
-per-micro-batch time, so every rank waits in `comm` for the pipeline's bottleneck and for the bubble,
-then the data-parallel all-reduce and the optimizer follow. `sequence_imbalance: X` gives a random
+weight times the base. Under 1F1B the bottleneck stage paces the M micro-batches and fill and
+drain pass each other stage once, so a step with one heavy stage k takes about M t_k + (P - 1) t_typ:
+span = max(arrival) + (P - 1) / M x median(arrival) (a rank's arrival is its M micro-batches of
+compute). The bubble is paced by the typical stage, not by the bottleneck, so it does not grow with
+the heavy stage; balanced pipelines get (M + P - 1) / M x their arrival as before. Every rank waits
+in `comm` for the bottleneck and the bubble, then the data-parallel all-reduce and the optimizer
+follow. `sequence_imbalance: X` gives a random
 quarter of the ranks up to X more compute each step, so the slowest rank moves from step to step.
 A job without either draws exactly the random numbers it drew before (same seed, same output).
 
@@ -101,7 +105,7 @@ class JobRunner:
     stage: np.ndarray = field(init=False)     # pipeline stage per rank
     dp_rank: np.ndarray = field(init=False)   # data-parallel rank per rank (position within its stage)
     weight: np.ndarray = field(init=False)    # the rank's stage weight (1.0 without a pipeline)
-    slots: float = 1.0                        # (M + P - 1) / M: pipeline span over one pass of compute
+    slots: float = 1.0                        # (M + P - 1) / M: a balanced pipeline's span over one pass
     trace_phases: np.ndarray | None = None    # (steps, ranks, phases) seconds of a replayed trace
     trace_index: int = 0
     trace_slowdown: np.ndarray | None = None  # the study's S per trace step (its truth), when published
@@ -124,7 +128,7 @@ class JobRunner:
         self.optimizer = OPTIMIZER_SHARE * self.target_wall
         self.slow = RankSlowdowns(np.ones(self.ranks), np.zeros(self.ranks), np.zeros(self.ranks))
         budget = self.target_wall - self.comm_exposed - self.optimizer
-        self.compute_base = budget / (self.slots * self._expected_max_arrival())
+        self.compute_base = budget / self._expected_span()
         self.clock = self.spec.start
         self.next_checkpoint = self.spec.start + self.spec.checkpoint_every
 
@@ -218,17 +222,25 @@ class JobRunner:
             return 0.0
         return (rng.random(size) < SEQ_EXTRA_RANKS) * rng.uniform(0, x, size)
 
-    def _expected_max_arrival(self) -> float:
+    def _expected_span(self) -> float:
+        """Mean span of a healthy step in compute_base units, so that the job runs at its target MFU."""
         calibration = np.random.default_rng([self.ranks, int(self.spec.step_jitter * 1e6)])
         data, compute, other = self._arrival_factors(calibration, (256, self.ranks))
         if self.spec.pipeline is not None or self.spec.sequence_imbalance:
             compute = compute * self.weight + self._sequence_extra(calibration, (256, self.ranks)) * self.weight
-        return float(np.mean(np.max(data + compute + other, axis=1)))
+        arrival = data + compute + other
+        if self.slots == 1.0:
+            return float(np.mean(np.max(arrival, axis=1)))   # as before pipelines: same numbers
+        return float(np.mean(np.max(arrival, axis=1) + (self.slots - 1) * np.median(arrival, axis=1)))
 
     def _span(self, arrival: np.ndarray) -> float:
-        """Pipeline span of one step: (M + P - 1) slots of the slowest rank's micro-batch (the max without one)."""
+        """Span of one step's compute: the slowest rank, plus the 1F1B bubble at the typical rank's pace.
+
+        The bottleneck paces the M micro-batches (max(arrival) = M t_k); fill and drain cross every
+        other stage once ((P - 1) t_typ = (slots - 1) x median(arrival)). Without a pipeline: the max.
+        """
         slowest = float(arrival.max())
-        return slowest if self.slots == 1.0 else self.slots * slowest
+        return slowest if self.slots == 1.0 else slowest + (self.slots - 1) * float(np.median(arrival))
 
     def _truth(self, result: StepResult, parts: tuple[np.ndarray, ...], comm_run: float) -> None:
         """Ideal step time and lost seconds per class: remove faults, then stage weights, then scatter."""
