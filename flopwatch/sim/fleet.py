@@ -219,7 +219,7 @@ class Fleet:
                     continue
                 straggler = step.waiting   # per step: mean over ranks of waiting beyond the collective
                 data = float(np.median(step.phases["data"]))
-                truth.observe_step(step.wall, step.ideal, step.lost_by_class)
+                truth.observe_step(step.wall, step.lost_seconds, step.lost_by_class)
                 truth.add_badput("straggler", straggler)
                 truth.add_badput("data", data)
                 truth.productive_s += step.wall - straggler - data

@@ -25,9 +25,14 @@ A job without either draws exactly the random numbers it drew before (same seed,
 
 Trace jobs replay a What-if trace's per-worker phases step by step (flopwatch.traces.whatif).
 
-Each step also carries what ground truth needs: the step time had every rank run at the job's
-typical arrival (`ideal`), and the time lost split into classes, removed in turn: bad workers (the
-faults' slowdowns), stage imbalance (stage weights), scattered (jitter and sequence lengths).
+Each step also carries what ground truth needs, in FlopWatch's operational definition (the one
+the straggler badput truth uses too): the time lost is the mean over ranks of the wait beyond the
+collective's own time, w(arrival) = max(arrival) - mean(arrival). Its classes come from the same
+formula on the arrivals with, in turn, the faults removed, the stage weights removed and nothing
+left but scatter: worker = w(actual) - w(no faults), stage = w(no faults) - w(no stage weights),
+scattered = w(no stage weights). Not "every rank at its typical compute": that ideal counts a heavy
+stage's own extra work as lost, which the What-if study's analysis of a real trace does not
+(docs/detection.md). Trace jobs take the study's per-step slowdown as their truth.
 """
 
 from __future__ import annotations
@@ -55,6 +60,11 @@ SLOW_STAGE_RATIO = 1.05         # a stage this much heavier than the lightest is
 SLOW_STAGE_MIN_SHARE = 0.2      # of a trace's slowdown explained by stage partitioning (M_S)
 
 
+def _wait(arrival: np.ndarray) -> float:
+    """Mean over ranks of the time waited for the last to arrive: max - mean (0 for one rank)."""
+    return float(arrival.max() - arrival.mean())
+
+
 @dataclass
 class RankSlowdowns:
     """Per-rank multipliers the fault engine sets; 1.0 is healthy."""
@@ -79,9 +89,9 @@ class StepResult:
     wall: float
     phases: dict[str, np.ndarray]  # phase -> seconds per rank
     lost: bool = False             # recomputed after a restart: no progress
-    ideal: float = 0.0             # step time with every rank at the typical arrival
-    lost_by_class: dict[str, float] = field(default_factory=dict)  # seconds of this step, per class
-    waiting: float = 0.0           # mean over ranks of comm beyond the collective's own time
+    lost_seconds: float = 0.0      # truth: seconds of this step lost to waiting for slower ranks
+    lost_by_class: dict[str, float] = field(default_factory=dict)  # the same seconds, per class
+    waiting: float = 0.0           # truth: straggler badput seconds of this step (mean wait over ranks)
 
 
 @dataclass
@@ -242,18 +252,21 @@ class JobRunner:
         slowest = float(arrival.max())
         return slowest if self.slots == 1.0 else slowest + (self.slots - 1) * float(np.median(arrival))
 
-    def _truth(self, result: StepResult, parts: tuple[np.ndarray, ...], comm_run: float) -> None:
-        """Ideal step time and lost seconds per class: remove faults, then stage weights, then scatter."""
+    def _truth(self, result: StepResult, parts: tuple[np.ndarray, ...], arrival: np.ndarray) -> None:
+        """Lost seconds (mean wait beyond the collective) and their classes: faults, stage weights, scatter.
+
+        The same w = max - mean on the arrivals as they were, without the faults' slowdowns, and
+        also without the stage weights (every stage at the median weight); what each removal takes
+        away is its class's share, the rest is scattered (jitter, sequence lengths, GC).
+        """
         data, compute, other = parts                 # healthy factors (multiples of compute_base)
         base = self.compute_base
         healthy = base * (data + compute + other)    # no fault slowdowns, stage weights kept
-        typical_weight = float(np.median(self.weight))
-        flat = base * (data + compute / self.weight * typical_weight + other)
-        actual = result.wall - comm_run - self.optimizer
-        spans = (actual, self._span(healthy), self._span(flat), self._span(np.full(1, np.median(flat))))
-        result.ideal = spans[3] + comm_run + self.optimizer
-        result.lost_by_class = {cls: max(0.0, a - b) for cls, a, b in zip(LOST_CLASSES, spans[:3], spans[1:],
-                                                                           strict=True)}
+        flat = base * (data + compute / self.weight * float(np.median(self.weight)) + other)
+        waits = [_wait(a) for a in (arrival, healthy, flat)]
+        result.waiting = result.lost_seconds = waits[0]
+        result.lost_by_class = {"worker": max(0.0, waits[0] - waits[1]), "stage": max(0.0, waits[1] - waits[2]),
+                                "scattered": max(0.0, waits[2])}
 
     def step(self) -> StepResult:
         result = self._trace_step() if self.trace_phases is not None else self._physics_step()
@@ -285,8 +298,7 @@ class JobRunner:
             phases={"data": data_s, "compute": compute_s, "comm": wait + comm_run,
                     "optimizer": np.full(self.ranks, self.optimizer), "other": other_s},
         )
-        result.waiting = float(arrival.max() - arrival.mean())
-        self._truth(result, (data, compute, other), comm_run)
+        self._truth(result, (data, compute, other), arrival)
         return result
 
     def _trace_step(self) -> StepResult:
@@ -306,7 +318,7 @@ class JobRunner:
             lost = wall * (1 - 1 / self.trace_slowdown[(self.trace_index - 1) % len(self.trace_slowdown)])
             worker = min(1.0, max(0.0, self.trace_classes[0])) * lost
             stage = min(lost - worker, max(0.0, self.trace_classes[1]) * lost)
-        result.ideal = wall - lost
+        result.lost_seconds = lost
         result.lost_by_class = {"worker": worker, "stage": stage, "scattered": max(0.0, lost - worker - stage)}
         return result
 

@@ -5,13 +5,14 @@
      "stage": ..., "scattered": ...}}, ...}}, "faults": [{"kind", "cause", "node", "gpu", "nic", "rank",
      "job_id", "start", "end", ...}]}
 
-The share of step time lost is what the What-if analysis (OSDI'25) calls 1 - 1/S: over the job's
-productive steps, (actual - ideal) / actual, where the ideal step has every rank at the job's
-typical arrival. Its classes are removed in turn (jobs.py): bad workers (the faults' slowdowns),
-stage imbalance (stage weights), scattered (jitter, sequence lengths); the culprit is the largest
-class, "none" below CULPRIT_MIN_SHARE. Straggler badput counts per step the mean over ranks of
-the time waited beyond the collective's own (so the slowest rank of each step counts, whichever
-it is).
+The share of step time lost is FlopWatch's operational definition, the one its rules measure and
+the straggler badput truth counts: per step, the mean over ranks of the time waited beyond the
+collective's own (max(arrival) - mean(arrival)), over the job's productive step time. Its classes
+(jobs.py) are what removing in turn the faults' slowdowns (worker) and the stage weights (stage)
+takes away from it; the rest is scattered (jitter, sequence lengths). The culprit is the largest
+class, "none" below CULPRIT_MIN_SHARE. A trace job's share lost is the What-if study's instead:
+per step wall x (1 - 1/S). docs/detection.md says why the simulator's own jobs do not use an
+"every rank at its typical compute" ideal.
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ class JobTruth:
     stages: int = 1
     slow_stage: int | None = None  # the stage a pipeline-imbalance ticket must name (None: balanced)
     actual_s: float = 0.0          # step time of productive steps
-    ideal_s: float = 0.0           # the same steps with every rank at the typical arrival
+    lost_s: float = 0.0            # of it, time lost to waiting for slower ranks
     lost_class_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CLASSES, 0.0))
 
-    def observe_step(self, wall: float, ideal: float, lost_by_class: dict[str, float]) -> None:
+    def observe_step(self, wall: float, lost: float, lost_by_class: dict[str, float]) -> None:
         self.actual_s += wall
-        self.ideal_s += min(wall, ideal)
+        self.lost_s += min(wall, max(0.0, lost))
         for cls, seconds in lost_by_class.items():
             self.lost_class_s[cls] += seconds
 
@@ -55,8 +56,7 @@ class JobTruth:
         """Share of step time lost, per class, and the culprit class."""
         if self.actual_s <= 0:
             return {"culprit": "none", "share": 0.0, "by_class": dict.fromkeys(LOST_CLASSES, 0.0)}
-        share = (self.actual_s - self.ideal_s) / self.actual_s
-        share = float(share)
+        share = float(self.lost_s / self.actual_s)
         by_class = {cls: float(seconds / self.actual_s) for cls, seconds in self.lost_class_s.items()}
         culprit = max(by_class, key=by_class.get) if share >= CULPRIT_MIN_SHARE else "none"
         return {"culprit": culprit, "share": share, "by_class": by_class}
@@ -84,7 +84,7 @@ class Truth:
                 "ranks": job.ranks, "target_mfu": job.target_mfu, "peak_flops": job.peak_flops,
                 "flops_per_step": job.flops_per_step, "steps": job.steps, "lost_steps": job.lost_steps,
                 "mfu": mfu, "goodput": job.productive_s / job.allocated_s if job.allocated_s else 0.0,
-                "allocated_seconds": job.allocated_s, "badput_seconds": job.badput_s,
+                "allocated_seconds": job.allocated_s, "step_seconds": job.actual_s, "badput_seconds": job.badput_s,
                 "badput": {c: s / job.allocated_s for c, s in job.badput_s.items()} if job.allocated_s else {},
                 "stages": job.stages, "slow_stage": job.slow_stage, "lost": job.lost(),
                 "series": [[round(t, 3), round(m, 6), round(g, 6)] for t, m, g in job.series],
