@@ -250,3 +250,58 @@ def test_stage_tickets_and_job_figures_are_scored_against_truth():
         summary = summarize([score])
         assert summary["false_episodes"] == 0   # tickets are scored by stage, not as false alerts
         assert summary["imbalance_only_pages"] == 0
+
+
+def test_trace_jobs_are_scored_against_the_study_in_their_own_row():
+    jobs = [{"id": job, "nodes": str(i), "tokens_per_step": 1e6, "target_mfu": 0.4, "model": MODEL}
+            for i, job in enumerate(("sim", "tr"))]
+    sc = scenario(jobs=jobs, duration="30m", nodes=2)
+    figures = {"goodput": 0.7, "badput": {"straggler": 0.2}, "lost": {"culprit": "stage", "share": 0.25}}
+    truth = {"gpu_hours": 8.0, "faults": [], "jobs": {
+        "sim": {"ranks": 8, "steps": 10, "allocated_seconds": 1800, "series": [], "slow_stage": None, **figures},
+        "tr": {"ranks": 8, "steps": 10, "allocated_seconds": 1800, "series": [], "slow_stage": None,
+               "source": "trace", **figures}}}
+    t = np.arange(0, 1800, 60.0) + START
+
+    def series(sim: float, tr: float) -> list:
+        return [({"job_id": "sim"}, t, np.full(t.size, sim)), ({"job_id": "tr"}, t, np.full(t.size, tr))]
+
+    recorded = {"job_id:flopwatch_goodput:ratio": series(0.705, 0.67),      # the trace job 3 pp off
+                "job_id:flopwatch_badput:ratio": [({**labels, "cause": "straggler"}, x, v)
+                                                  for labels, x, v in series(0.198, 0.23)],
+                "job_id:flopwatch_step_time_lost:ratio": series(0.26, 0.29)}   # 1 pp and 4 pp off
+    summary = summarize([score_scenario(sc, truth, [], START, recorded=recorded)])
+    rows = {row["what"]: row for row in summary["targets"]}
+    physics = rows["goodput and straggler badput per job within 1 pp of truth (simulated jobs)"]
+    assert physics["met"] is True and "goodput 0.50 pp worst" in physics["measured"]
+    assert rows["share of step time lost per job within 5 pp of truth (simulated jobs)"]["measured"] == "1.00 pp worst"
+    study = rows["share of step time lost within 5 pp of the study (trace jobs)"]
+    assert (study["measured"], study["met"]) == ("4.00 pp worst", True)
+    assert summary["trace_job_error_pp_max"]["goodput"] == pytest.approx(3.0)
+    recorded["job_id:flopwatch_step_time_lost:ratio"] = series(0.26, 0.31)
+    summary = summarize([score_scenario(sc, truth, [], START, recorded=recorded)])
+    assert {r["what"]: r["met"] for r in summary["targets"]}[study["what"]] is False
+
+
+def test_the_worker_a_traces_study_blames_is_a_fault_only_its_page_detects(tmp_path):
+    from flopwatch.sim.fleet import Fleet
+
+    trace = SUITE.parent.parent.parent / "shared" / "traces" / "what-if" / "trace-AR.parquet"
+    if not trace.is_file():
+        pytest.fail(f"the What-if traces are missing: expected {trace.resolve()}")
+    (tmp_path / "s.yml").write_text("")
+    sc = parse({"name": "ar", "duration": "20m", "fleet": {"nodes": 2, "gpus_per_node": 8},
+                "jobs": [{"id": "ar", "trace": str(trace), "loop": True}]}, str(tmp_path / "s.yml"))
+    fleet = Fleet(sc)
+    truth_dict = fleet.truth.as_dict()
+    [blamed] = truth_dict["faults"]
+    page = episode("FlopWatchStraggler", 40, node=blamed["node"], gpu=str(blamed["gpu"]), job_id="ar",
+                   rank=str(blamed["rank"]), cause="unknown")
+    other = episode("FlopWatchStraggler", 40, node="node0001", gpu="4", job_id="ar", rank="12", cause="unknown")
+    neighbour = episode("FlopWatchStraggler", 40, node=blamed["node"], gpu=str(blamed["gpu"] + 1), job_id="ar",
+                        cause="unknown")
+    score = score_scenario(sc, truth_dict, [page, other, neighbour], START)
+    [f] = score.faults
+    assert f.detected and f.cause_right and f.latency == 40 and f.latency_target is None
+    assert [e.true for e in score.episodes] == [True, False, False]
+    assert not score.imbalance_only   # a bad worker: pages are expected

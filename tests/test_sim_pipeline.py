@@ -226,3 +226,56 @@ def test_trace_path_is_relative_to_the_scenario_and_plays_once(st_trace, tmp_pat
 
     once = float(whatif.load(st_trace).step_seconds.max(axis=1).sum())
     assert sc.jobs[0].end == pytest.approx(2 * once)
+
+
+def trace_fleet(name: str, tmp_path: Path, **job) -> Fleet:
+    path = TRACES / f"trace-{name}.parquet"
+    if not path.is_file():
+        pytest.fail(f"the What-if traces are missing: expected {path} (shared/ beside the checkout)")
+    (tmp_path / "t.yml").write_text("")
+    return Fleet(parse({"name": "t", "duration": "20m", "fleet": {"nodes": 8, "gpus_per_node": 8},
+                        "jobs": [{"id": name, "trace": str(path), "loop": True, **job}]}, str(tmp_path / "t.yml")))
+
+
+def test_trace_truth_is_the_studys_per_step_slowdown(tmp_path):
+    from flopwatch.traces import whatif
+
+    fleet = trace_fleet("ST", tmp_path)
+    runner = fleet.jobs["ST"].runner
+    study = whatif.study_result(TRACES / "result-ST.json")
+    trace = whatif.load(TRACES / "trace-ST.parquet")
+    expected = []
+    for _ in range(len(trace.steps) + 3):   # past the end: the loop starts again
+        step = runner.step()
+        expected.append(step.wall * (1 - 1 / study.per_step[trace.steps[len(expected) % len(trace.steps)]]))
+        assert step.waiting == pytest.approx(expected[-1]) and step.lost_seconds == pytest.approx(expected[-1])
+    fleet = trace_fleet("ST", tmp_path)
+    for _ in range(60):
+        fleet.advance(5.0)
+    truth = fleet.truth.as_dict()["jobs"]["ST"]
+    assert truth["source"] == "trace"
+    assert truth["lost"]["share"] == pytest.approx(truth["badput_seconds"]["straggler"] / truth["step_seconds"])
+    assert truth["lost"]["share"] == pytest.approx(study.lost_share, abs=0.01)
+    productive = truth["step_seconds"] - truth["badput_seconds"]["straggler"]   # a trace loads no data
+    assert truth["goodput"] == pytest.approx(productive / truth["allocated_seconds"])
+    assert fleet.truth.faults == []   # stage imbalance: no worker to blame
+
+
+def test_a_trace_whose_study_blames_one_worker_names_it_in_the_truth(tmp_path):
+    from flopwatch.traces import whatif
+
+    fleet = trace_fleet("AR", tmp_path, time_scale=0.25, nodes="3-4")
+    runner = fleet.jobs["AR"].runner
+    study = whatif.study_result(TRACES / "result-AR.json")
+    assert study.worker_share > 0.5
+    [fault] = fleet.truth.faults
+    rank = fault["rank"]
+    assert (runner.dp_rank[rank], runner.stage[rank]) == (0, 0) == (fault["dp_rank"], fault["stage"])
+    assert (fault["node"], fault["gpu"]) == ("node0003", rank % 8)   # placed on the job's own nodes
+    assert fault["kind"] == "trace_worker" and fault["cause"] == "unknown" and fault["job_id"] == "AR"
+    assert (fault["start"], fault["end"]) == (0.0, 1200.0)
+    assert fault["slowdown"] == pytest.approx(study.by_dp_rank[0] - 1)
+    # the blamed worker is the one the trace shows slow
+    compute = runner.trace_phases[:, :, 1].mean(axis=0)
+    assert int(np.argmax(compute)) == rank
+    assert trace_fleet("SE", tmp_path).truth.faults == []

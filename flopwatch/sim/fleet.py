@@ -22,6 +22,8 @@ from flopwatch.sim.truth import JobTruth, Truth
 from flopwatch.train.wire import COMM_MIN_BLOCK
 
 RESTART_DELAY_S = 60.0
+#: Fault kind of the worker a replayed trace's study blames (a truth record; nothing is injected).
+TRACE_WORKER_KIND = "trace_worker"
 SERIES_EXPIRY_S = 300.0   # a finished job's step series linger this long, like the agent's intake
 #: Step-time histogram bounds: the intake's (catalogue) plus +Inf.
 STEP_BUCKETS = (*train_metrics.STEP_BUCKETS, math.inf)
@@ -150,12 +152,17 @@ class Fleet:
             truth = JobTruth(runner.ranks, peak, spec.target_mfu, runner.flops_per_step)
             truth.stages = runner.spec.pipeline.stages if runner.spec.pipeline else int(runner.stage.max()) + 1
             truth.slow_stage = runner.slow_stage()
+            truth.source = "trace" if spec.trace is not None else "physics"
             self.jobs[spec.id] = JobState(runner, RankCounters(runner.ranks), truth)
             self.truth.jobs[spec.id] = truth
         self._xid_fired: set[int] = set()
         self._restored: set[int] = set()
         for fault in scenario.faults:
             self.truth.faults.append(self._fault_truth(fault))
+        for state in self.jobs.values():
+            record = self._trace_worker_truth(state)
+            if record is not None:
+                self.truth.faults.append(record)
 
     # -- time ----------------------------------------------------------------------------------
     @property
@@ -365,6 +372,28 @@ class Fleet:
                 state.runner.slow.other_extra[ranks] += step_extra
             if kind == "host_cpu_contention":
                 node.host_cpu_busy = 0.97
+
+    def _trace_worker_truth(self, state: JobState) -> dict[str, object] | None:
+        """A fault record for the worker a trace's study blames (nothing is injected: the trace holds it).
+
+        It names that worker's rank, node and GPU as this fleet places it, cause unknown (the study
+        does not say why), for the whole job: so the page on that rank is a true detection and a
+        page on any other rank a false one. Indices count down from -1, apart from the scenario's.
+        """
+        blamed = state.runner.trace_bad_worker()
+        if blamed is None:
+            return None
+        rank, slowdown = blamed
+        runner, spec = state.runner, state.runner.spec
+        node = spec.nodes[rank // runner.fleet.gpus_per_node]
+        index = -1 - sum(1 for f in self.truth.faults if f["kind"] == TRACE_WORKER_KIND)
+        return {
+            "index": index, "kind": TRACE_WORKER_KIND, "cause": "unknown", "node": node_name(node),
+            "node_index": node, "gpu": rank % runner.fleet.gpus_per_node, "nic": None, "device": None,
+            "job_id": spec.id, "rank": rank, "stage": int(runner.stage[rank]), "dp_rank": int(runner.dp_rank[rank]),
+            "start": spec.start, "end": spec.end if spec.end is not None else self.scenario.duration,
+            "slowdown": slowdown, "xid": None,
+        }
 
     def _fault_truth(self, fault: FaultSpec) -> dict[str, object]:
         job = next((j for j in self.jobs.values() if fault.node in j.runner.spec.nodes

@@ -23,7 +23,9 @@ follow. `sequence_imbalance: X` gives a random
 quarter of the ranks up to X more compute each step, so the slowest rank moves from step to step.
 A job without either draws exactly the random numbers it drew before (same seed, same output).
 
-Trace jobs replay a What-if trace's per-worker phases step by step (flopwatch.traces.whatif).
+Trace jobs replay a What-if trace's per-worker phases step by step (flopwatch.traces.whatif); the
+study's what-if analysis beside the trace is their truth (straggler badput and share lost per step
+wall x (1 - 1/S_step)), and the worker it blames when single workers explain the slowdown.
 
 Each step also carries what ground truth needs, in FlopWatch's operational definition (the one
 the straggler badput truth uses too): the time lost is the mean over ranks of the wait beyond the
@@ -58,6 +60,7 @@ SEQ_EXTRA_RANKS = 0.25          # share of ranks that get longer sequences under
 LOST_CLASSES = ("worker", "stage", "scattered")
 SLOW_STAGE_RATIO = 1.05         # a stage this much heavier than the lightest is imbalanced by design
 SLOW_STAGE_MIN_SHARE = 0.2      # of a trace's slowdown explained by stage partitioning (M_S)
+BAD_WORKER_MIN_SHARE = 0.5      # of a trace's slowdown explained by single workers (M_W): one is bad
 
 
 def _wait(arrival: np.ndarray) -> float:
@@ -121,6 +124,7 @@ class JobRunner:
     trace_slowdown: np.ndarray | None = None  # the study's S per trace step (its truth), when published
     trace_classes: tuple[float, float] = (0.0, 0.0)   # the study's M_W, M_S
     trace_stage_slowdown: dict[int, float] = field(default_factory=dict)
+    trace_dp_slowdown: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         model: GpuModel = self.fleet.gpu_model
@@ -187,6 +191,21 @@ class JobRunner:
         self.trace_slowdown = np.array([study.per_step.get(s, study.slowdown) for s in trace.steps])
         self.trace_classes = (study.worker_share or 0.0, study.stage_share or 0.0)
         self.trace_stage_slowdown = study.by_stage
+        self.trace_dp_slowdown = study.by_dp_rank
+
+    def trace_bad_worker(self) -> tuple[int, float] | None:
+        """(rank, slowdown) of the worker a trace's study blames, when single workers explain most of it.
+
+        The study's M_W above BAD_WORKER_MIN_SHARE means one worker is slow (AR): the dp rank and
+        the stage whose recorded durations alone give the largest slowdown locate it; its slowdown
+        is that dp rank's S - 1. None for simulated jobs and for traces of imbalance.
+        """
+        if self.trace_classes[0] <= BAD_WORKER_MIN_SHARE or not self.trace_dp_slowdown or not self.trace_stage_slowdown:
+            return None
+        dp = max(self.trace_dp_slowdown, key=self.trace_dp_slowdown.get)
+        stage = max(self.trace_stage_slowdown, key=self.trace_stage_slowdown.get)
+        at = np.flatnonzero((self.dp_rank == dp) & (self.stage == stage))
+        return (int(at[0]), self.trace_dp_slowdown[dp] - 1.0) if at.size else None
 
     def all_reduce_seconds(self) -> float:
         """Ring all-reduce of bf16 gradients: 2(n-1)/n x bytes over the slowest link in the ring."""
@@ -311,14 +330,13 @@ class JobRunner:
         floor = float(comm.min())
         result = StepResult(start=self.clock, wall=wall,
                             phases={name: phases[:, i].copy() for i, name in enumerate(PHASES)})
-        result.waiting = float(comm.mean() - floor)
-        if self.trace_slowdown is None:
-            lost, worker, stage = result.waiting, 0.0, 0.0
-        else:
+        if self.trace_slowdown is None:   # no published analysis: the wait above the comm floor
+            lost, worker, stage = float(comm.mean() - floor), 0.0, 0.0
+        else:   # the study is the truth: its per-step slowdown S, split by its M_W and M_S
             lost = wall * (1 - 1 / self.trace_slowdown[(self.trace_index - 1) % len(self.trace_slowdown)])
             worker = min(1.0, max(0.0, self.trace_classes[0])) * lost
             stage = min(lost - worker, max(0.0, self.trace_classes[1]) * lost)
-        result.lost_seconds = lost
+        result.waiting = result.lost_seconds = lost
         result.lost_by_class = {"worker": worker, "stage": stage, "scattered": max(0.0, lost - worker - stage)}
         return result
 

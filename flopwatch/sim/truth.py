@@ -10,9 +10,13 @@ the straggler badput truth counts: per step, the mean over ranks of the time wai
 collective's own (max(arrival) - mean(arrival)), over the job's productive step time. Its classes
 (jobs.py) are what removing in turn the faults' slowdowns (worker) and the stage weights (stage)
 takes away from it; the rest is scattered (jitter, sequence lengths). The culprit is the largest
-class, "none" below CULPRIT_MIN_SHARE. A trace job's share lost is the What-if study's instead:
-per step wall x (1 - 1/S). docs/detection.md says why the simulator's own jobs do not use an
-"every rank at its typical compute" ideal.
+class, "none" below CULPRIT_MIN_SHARE. docs/detection.md says why the simulator's own jobs do not
+use an "every rank at its typical compute" ideal.
+
+A trace job (`source: "trace"`) takes the What-if study's analysis as its truth: per step, straggler
+badput and lost seconds wall x (1 - 1/S_step), so goodput follows; classes by the study's M_W and
+M_S; and when M_W says one worker is at fault, a `trace_worker` fault record naming it (cause
+unknown, for the whole job).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class JobTruth:
     lost_steps: int = 0
     stages: int = 1
     slow_stage: int | None = None  # the stage a pipeline-imbalance ticket must name (None: balanced)
+    source: str = "physics"        # "trace": a replayed What-if trace, whose truth is the study's
     actual_s: float = 0.0          # step time of productive steps
     lost_s: float = 0.0            # of it, time lost to waiting for slower ranks
     lost_class_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CLASSES, 0.0))
@@ -86,7 +91,7 @@ class Truth:
                 "mfu": mfu, "goodput": job.productive_s / job.allocated_s if job.allocated_s else 0.0,
                 "allocated_seconds": job.allocated_s, "step_seconds": job.actual_s, "badput_seconds": job.badput_s,
                 "badput": {c: s / job.allocated_s for c, s in job.badput_s.items()} if job.allocated_s else {},
-                "stages": job.stages, "slow_stage": job.slow_stage, "lost": job.lost(),
+                "stages": job.stages, "slow_stage": job.slow_stage, "source": job.source, "lost": job.lost(),
                 "series": [[round(t, 3), round(m, 6), round(g, 6)] for t, m, g in job.series],
             }
         return {"scenario": self.scenario, "seed": self.seed, "scrape_interval": self.scrape_interval,
