@@ -152,6 +152,31 @@ def test_firing_cases_state_labels_and_annotations() -> None:
                     assert expected.get("exp_annotations", {}).get("summary"), (path.name, case["name"])
 
 
+_FIGURE = re.compile(r"\d+\.\d+|\d+(?=%)")
+
+
+def _significant_digits(figure: str) -> int:
+    return len(figure.replace(".", "").lstrip("0")) or 1
+
+
+def test_summaries_state_figures_to_three_significant_digits() -> None:
+    """Every alert's firing cases (promtool checks the text exactly) state figures with at most 3
+    significant digits, and no summary template formats a value with more (humanize: 4)."""
+    checked = set()
+    for path in TEST_FILES:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                for expected in check.get("exp_alerts") or []:
+                    summary = expected["exp_annotations"]["summary"]
+                    for figure in _FIGURE.findall(summary):
+                        assert _significant_digits(figure) <= 3, (path.name, summary)
+                    checked.add(check["alertname"])
+    assert checked == CONTRACT_ALERTS
+    for rule in alerts():
+        summary = rule["annotations"]["summary"]
+        assert not re.search(r"humanize(Percentage)?\b|%\.[2-9]f", summary), (rule["alert"], summary)
+
+
 def test_straggler_alerts_name_rank_and_cause() -> None:
     stragglers = [rule for rule in alerts() if rule["alert"] == "FlopWatchStraggler"]
     assert len(stragglers) == 4

@@ -117,7 +117,7 @@ def cases() -> dict:
                     "description": (
                         "The ranks of pipeline stage 3 of job heavy-last take 20% longer per step to reach their "
                         "collectives than those of the job's fastest stage, so the other stages wait for it every "
-                        "micro-batch. Stage imbalance costs 10% of the job's step time (0.08 s of each step). "
+                        "micro-batch. Stage imbalance costs 10% of the job's step time (0.075 s of each step). "
                         "Nothing is broken: move layers out of stage 3 (Megatron-LM: "
                         "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, or account for "
                         "the embedding and loss layers), or use interleaved (virtual) pipeline stages."),

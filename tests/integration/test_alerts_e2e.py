@@ -9,6 +9,7 @@ node); Prometheus and Alertmanager are the Debian packages, all on 127.0.0.1.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.request
@@ -75,7 +76,10 @@ def test_thermal_straggler_pages_naming_node_gpu_rank_and_cause(tmp_path: Path) 
     labels = page["labels"]
     assert (labels["node"], labels["gpu"], labels["cause"]) == (node_name(SLOW_NODE), str(SLOW_GPU), "thermal")
     assert labels["rank"] == str(SLOW_NODE * 8 + SLOW_GPU) and labels["job_id"] == "llm-8b"
-    assert f"{node_name(SLOW_NODE)} GPU {SLOW_GPU}" in page["annotations"]["summary"]
+    summary = page["annotations"]["summary"]
+    assert f"{node_name(SLOW_NODE)} GPU {SLOW_GPU}" in summary
+    slowdown = re.search(r"\(rank \d+\) ([0-9.]+)% slower", summary)
+    assert slowdown is not None and len(slowdown.group(1).replace(".", "").lstrip("0")) <= 3, summary
     assert page["annotations"]["runbook_url"] == "docs/runbooks.md#flopwatchstraggler"
     others = [a["labels"] for a in webhook.alerts if is_page(a)
               and (a["labels"].get("node"), a["labels"].get("gpu")) != (node_name(SLOW_NODE), str(SLOW_GPU))]
