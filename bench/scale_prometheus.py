@@ -197,11 +197,12 @@ def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict
             "others": _busiest_others(others0, _other_processes({me.pid, proc.pid}), wall)}
 
 
-def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None) -> dict[str, object]:
+def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None,
+                     rule_files: list[Path] = RULE_FILES) -> dict[str, object]:
     """Phase 1 scrapes only; phase 2 reloads with every rule file. Rule CPU = phase 2's Prometheus
     CPU minus phase 1's, per evaluation actually run (a starved Prometheus skips iterations)."""
-    if not RULE_FILES:
-        raise SystemExit("alerts/flopwatch-*.yml: no rule files")
+    if not rule_files:
+        raise SystemExit("no rule files (flopwatch-*.yml) in the rules folder")
     fleet = Fleet(fleet_scenario(nodes, interval), start_unix=time.time())
     server = FleetServer(fleet)
     server.start()
@@ -225,7 +226,7 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
             time.sleep(2)
         time.sleep(20)
         scrape_only = _window(prom, seconds / 2)
-        prom.config["rule_files"] = [str(path) for path in RULE_FILES]
+        prom.config["rule_files"] = [str(path) for path in rule_files]
         prom.reload()
         time.sleep(75)  # a minute of samples behind every rate(...[1m]); every group has run
         ticks_before = server.ticks
@@ -334,13 +335,16 @@ def main() -> None:
     parser.add_argument("--tsdb-hours", type=float, default=4.0)
     parser.add_argument("--skip-serve", action="store_true")
     parser.add_argument("--skip-tsdb", action="store_true")
+    parser.add_argument("--rules", metavar="DIR", type=Path, default=ROOT / "alerts",
+                        help="folder of rule files (flopwatch-*.yml) to measure; default: alerts/")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     results: dict[str, object] = {"series": series_counts(), "influx": sink_volume()}
     if not args.skip_tsdb:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)
     if not args.skip_serve:
-        results["serve"] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick)
+        results["serve"] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick,
+                                            sorted(args.rules.glob("flopwatch-*.yml")))
     for section, values in results.items():
         print(f"\n| {section} | value |\n|---|---|")
         for key, value in values.items():  # type: ignore[union-attr]
