@@ -14,45 +14,29 @@ import time
 
 import pynvml as real
 import pytest
+from backend_rig import BackendRig
 from fakes import fake_dcgm
 from fakes.fake_dcgm import FakeHostEngine
 from fakes.fake_pynvml import FakeNvml, a100, h100
 
 from flopwatch import __version__
 from flopwatch import config as cfg
-from flopwatch.exporters.agent import Agent
 from flopwatch.exporters.gpu import dcgm as dcgm_module
 from flopwatch.exporters.gpu import xid as xid_module
-from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.dcgm import DcgmBackend
 from flopwatch.exporters.gpu.reading import BackendUnavailable
 
-NODE = "n1"
 SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, DRAM_ACTIVE = 1002, 1003, 1004, 1005
 PCIE_TX, PCIE_RX, NVLINK_TX, NVLINK_RX = 1009, 1010, 1011, 1012
 
 
-class Rig:
+class Rig(BackendRig):
     def __init__(self, monkeypatch, gpus, engine: FakeHostEngine | None = None, **overrides) -> None:
-        self.config = cfg.load(overrides={"node": NODE, **overrides}, environ={})
         self.nvml = FakeNvml(gpus)
         # DCGM numbers its GPUs on its own: here in reverse NVML order, so a match by index would be wrong
         self.engine = engine or FakeHostEngine({len(gpus) - 1 - i: gpu.uuid for i, gpu in enumerate(gpus)})
         fake_dcgm.install(monkeypatch, self.engine)
-        self.backend = DcgmBackend(self.config.gpu, self.nvml)
-        self.count = self.backend.start()
-        self.collector = GpuCollector(self.backend, NODE, self.config.gpu, self.count)
-        self.agent = Agent(NODE, [self.collector], self.backend.name)
-
-    def collect(self) -> None:
-        self.agent.collect_once()
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.agent.registry.get_sample_value(name, {"node": NODE, **labels})
-
-    def close(self) -> None:
-        self.agent.close()
-        self.backend.stop()
+        super().__init__(lambda options: DcgmBackend(options, self.nvml), **overrides)
 
 
 @pytest.fixture

@@ -17,36 +17,23 @@ import urllib.request
 
 import pynvml as real
 import pytest
+from backend_rig import NODE, BackendRig
 from fakes.fake_pynvml import FakeNvml, a100, h100
 from prometheus_client.parser import text_string_to_metric_families
 
 from flopwatch import __version__
 from flopwatch import config as cfg
-from flopwatch.exporters.agent import Agent
 from flopwatch.exporters.gpu import xid as xid_module
-from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.nvml import NvmlBackend
 from flopwatch.exporters.gpu.reading import BackendUnavailable, GpuReadError
 
-NODE = "n1"
 
-
-class Rig:
+class Rig(BackendRig):
     """A fake NVML under a started NvmlBackend, a GpuCollector and an Agent, torn down together."""
 
     def __init__(self, gpus, **overrides) -> None:
-        self.config = cfg.load(overrides={"node": NODE, **overrides}, environ={})
         self.nvml = FakeNvml(gpus)
-        self.backend = NvmlBackend(self.config.gpu, self.nvml)
-        self.count = self.backend.start()
-        self.collector = GpuCollector(self.backend, NODE, self.config.gpu, self.count)
-        self.agent = Agent(NODE, [self.collector], self.backend.name)
-
-    def collect(self) -> None:
-        self.agent.collect_once()
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.agent.registry.get_sample_value(name, {"node": NODE, **labels})
+        super().__init__(lambda options: NvmlBackend(options, self.nvml), **overrides)
 
     def served(self) -> dict[tuple[str, frozenset], float]:
         """Every sample of the bytes the agent serves on /metrics."""
@@ -58,8 +45,7 @@ class Rig:
         self.nvml.release.set()
         if self.agent.http is not None:
             self.agent.http.stop()
-        self.agent.close()
-        self.backend.stop()
+        super().close()
 
 
 @pytest.fixture

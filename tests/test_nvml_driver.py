@@ -14,18 +14,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from backend_rig import BackendRig
 from nvml_driver import DEVICE_NAMES, STATE_VARIABLE, DriverState, InProcess, header_dir
 from prometheus_client.parser import text_string_to_metric_families
 from test_nvml_backend import wait_for
 
 from flopwatch import config as cfg
-from flopwatch.exporters.agent import Agent
 from flopwatch.exporters.gpu import xid as xid_module
-from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.nvml import NvmlBackend
 from flopwatch.exporters.gpu.reading import BackendUnavailable, GpuReadError
-
-NODE = "n1"
 
 
 @pytest.fixture(scope="module")
@@ -42,25 +39,11 @@ def state(tmp_path, monkeypatch) -> DriverState:
     return DriverState(tmp_path / "driver", ["H100", "A100"])
 
 
-class Rig:
+class Rig(BackendRig):
     """A started NvmlBackend on the library, with the real GpuCollector and Agent over it."""
 
     def __init__(self, driver: InProcess, **overrides: object) -> None:
-        self.config = cfg.load(overrides={"node": NODE, **overrides}, environ={})
-        self.backend = NvmlBackend(self.config.gpu, driver.pynvml)
-        self.count = self.backend.start()
-        self.collector = GpuCollector(self.backend, NODE, self.config.gpu, self.count)
-        self.agent = Agent(NODE, [self.collector], self.backend.name)
-
-    def collect(self) -> None:
-        self.agent.collect_once()
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.agent.registry.get_sample_value(name, {"node": NODE, **labels})
-
-    def close(self) -> None:
-        self.agent.close()
-        self.backend.stop()
+        super().__init__(lambda options: NvmlBackend(options, driver.pynvml), **overrides)
 
 
 @pytest.fixture
