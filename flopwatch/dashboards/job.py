@@ -41,7 +41,16 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
                     variables, docs_url=docs_url)
     to_gpu = c.drill_link("Node ${__field.labels.node} GPU ${__field.labels.gpu}", "flopwatch-node",
                           node="${__field.labels.node}", gpu="${__field.labels.gpu}")
+    _efficiency(board)
+    _stragglers(board, to_gpu)
+    _step_time(board)
+    _goodput(board)
+    _gpus(board, to_gpu)
+    return board.build()
 
+
+def _efficiency(board: c.Board) -> None:
+    """The "Efficiency" row."""
     board.row("Efficiency")
     board.add(
         c.stat_panel("MFU", "Model FLOP/s of the job over the dense peak of its GPUs (1-minute rate). "
@@ -90,6 +99,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             "[$__rate_interval])))", "p95", "C")),
     )
 
+
+def _stragglers(board: c.Board, to_gpu: c.DashboardLink) -> None:
+    """The "Stragglers" row."""
     board.row("Stragglers")
     board.add(
         c.heatmap_panel(
@@ -143,6 +155,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             f"sum(rate(flopwatch_train_steps_total{JOB}[$__rate_interval])))", "{{phase}}")),
     )
 
+
+def _step_time(board: c.Board) -> None:
+    """The "Where the step time goes" row."""
     board.row("Where the step time goes")
     board.add(
         c.heatmap_panel(
@@ -179,6 +194,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             f"min by (job_id) (job_id_stage:flopwatch_arrival_seconds_per_step:median2m{JOB})", "stage {{stage}}")),
     )
 
+
+def _goodput(board: c.Board) -> None:
+    """The "Goodput and badput" row."""
     board.row("Goodput and badput")
     board.add(
         c.timeseries_panel(
@@ -197,6 +215,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query(f"job_id:flopwatch_peak_flops:sum{JOB}", "dense peak", "B")),
     )
 
+
+def _gpus(board: c.Board, to_gpu: c.DashboardLink) -> None:
+    """The "The job's GPUs" row."""
     board.row("The job's GPUs")
     board.add(
         _outliers(
@@ -225,4 +246,3 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             "bottomk")
         .data_links([to_gpu]),
     )
-    return board.build()
