@@ -7,7 +7,7 @@ and the agent's figures are reported as ratios to node_exporter's. Then the agen
 for a while and its CPU time (psutil, all threads) gives its idle cost as % of one core; that idle
 rate, taken out of the agent's CPU time during the scrapes, leaves its CPU cost per scrape.
 
-Issue 2's targets: agent median <= 0.2x node_exporter's median while exposing at least as many
+The targets: agent median <= 0.2x node_exporter's median while exposing at least as many
 series; agent CPU <= 1% of one core at a 1 s interval.
 
     .venv/bin/python -m bench.scrape_latency [--scrapes 1000] [--cpu-seconds 60] [--json OUT]
@@ -207,7 +207,7 @@ def table(f: Figures) -> str:
             f"| agent CPU, unscraped, {f.interval_s:g} s interval, {f.cpu_seconds:.0f} s | "
             f"{f.agent_idle_cpu_percent:.2f}% of one core | | |",
             "",
-            "| target (issue 2) | measured | verdict |",
+            "| target | measured | verdict |",
             "|---|---|---|",
             f"| agent median <= {MEDIAN_RATIO_TARGET}x node_exporter's | {f.median_ratio:.3f}x | "
             f"{verdict(f.median_ratio <= MEDIAN_RATIO_TARGET)} |",

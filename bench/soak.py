@@ -14,7 +14,7 @@ collectors on, `--train`, 1 s interval) as a subprocess. Against it, for `--dura
 * the agent's RSS is sampled every 5 s; growth is measured from the end of `--warmup` to the end.
 
 Reference measured in the same run: the same agent's scrape latency with one sequential client
-before the load starts; the soak's p99 is reported as a ratio to it. Issue 9's targets: zero
+before the load starts; the soak's p99 is reported as a ratio to it. The targets: zero
 failed scrapes, p99 reported, RSS growth under 5% after warm-up.
 
     .venv/bin/python -m bench.soak [--duration 60] [--warmup 20] [--scrapers 100]

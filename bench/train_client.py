@@ -18,7 +18,7 @@ The receiving end is a real `flopwatch agent --backend sim --train` subprocess.
 Intake: pre-encoded datagrams from 256 ranks of 8 jobs with growing totals. (1) `handle()` alone
 on this thread (CPU time); (2) through the socket: the intake's reader thread in this process, a
 forked sender on the other core blocking on a full queue (so the kernel loses nothing), counted at
-the end: accepted + rejected must equal sent. Issue 4's targets: <= 5 µs median per step, >= 100,000 events/s.
+the end: accepted + rejected must equal sent. The targets: <= 5 µs median per step, >= 100,000 events/s.
 
     .venv/bin/python -m bench.train_client [--steps 20000] [--events 300000] [--json OUT]
 """

@@ -116,7 +116,7 @@ def build_agent(config: cfg.AgentConfig) -> Agent:
 
 
 def _influx_sink(config: cfg.AgentConfig) -> InfluxSink | None:
-    """The InfluxDB sink when influx.url is set (issue 8); it runs off the agent's cycles."""
+    """The InfluxDB sink when influx.url is set; it runs off the agent's cycles."""
     if config.influx.url is None:
         return None
     from flopwatch.exporters.influx import SinkError, make_sink
@@ -158,7 +158,7 @@ def gpu_processes_of(collector: GpuCollector | None) -> Callable[[], list[GpuPro
 
 
 def _node_collectors(config: cfg.AgentConfig, gpu_processes: Callable[[], list[GpuProcesses]]) -> list[Collector]:
-    """NIC, host and attribution collectors, as enabled (issue 5)."""
+    """NIC, host and attribution collectors, as enabled."""
     collectors: list[Collector] = []
     if config.collectors.get("nic", False):
         from flopwatch.exporters.nic import NicCollector

@@ -1,4 +1,4 @@
-"""`flopwatch bench detect`: the detection benchmark (issue 10) from the command line."""
+"""`flopwatch bench detect`: the detection benchmark from the command line."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def print_report(report: detect.SuiteReport, console: Console) -> None:
         f"latency median {_num(s['latency_median_s'], '{:.0f}')} s, p90 {_num(s['latency_p90_s'], '{:.0f}')} s  "
         f"false alerts {s['false_episodes']} ({_num(s['false_alerts_per_1000_gpu_days'], '{:.2f}')} per 1,000 "
         f"GPU-days)  healthy GPU-hours {s['healthy_gpu_hours']:,.0f}  run {report.seconds:.0f} s")
-    targets = Table(title="Targets (issue 10)", title_justify="left")
+    targets = Table(title="Targets", title_justify="left")
     for name in ("target", "measured", "met"):
         targets.add_column(name)
     for target in s["targets"]:
