@@ -344,7 +344,7 @@ def main() -> None:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)
     if not args.skip_serve:
         results["serve"] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick,
-                                            sorted(args.rules.glob("flopwatch-*.yml")))
+                                            sorted(args.rules.resolve().glob("flopwatch-*.yml")))
     for section, values in results.items():
         print(f"\n| {section} | value |\n|---|---|")
         for key, value in values.items():  # type: ignore[union-attr]

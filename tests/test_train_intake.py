@@ -407,3 +407,20 @@ def test_two_ranks_claiming_one_place_in_a_job_are_refused_and_counted():
     intake.update()
     assert _Registry(intake).get("flopwatch_train_steps_total", job_id="job-a", rank="5", gpu="", stage="1",
                                  dp_rank="0") == 2
+
+
+def test_the_iteration_is_exported_per_rank_on_the_fast_path_too():
+    intake = _intake()
+    now = time.monotonic()
+    for steps in (1, 2, 3):                       # one identity: the second and third take the fast path
+        intake.handle(_datagram(rank=1, steps=steps, iteration=99 + steps), now, 1000.0 + steps)
+    intake.handle(_datagram(rank=2, steps=1), now, 1000.0)          # a client that does not say
+    intake.update()
+    reg = _Registry(intake)
+    assert reg.get("flopwatch_train_iteration", job_id="job-a", rank="1", gpu="") == 102
+    assert reg.get("flopwatch_train_steps_total", job_id="job-a", rank="1", gpu="") == 3
+    assert reg.get("flopwatch_train_iteration", job_id="job-a", rank="2", gpu="") is None
+    # a restart from an older checkpoint: a new instance whose iteration starts below the old one
+    intake.handle(_datagram(rank=1, steps=1, instance=2, iteration=51), now, 1010.0)
+    intake.update()
+    assert _Registry(intake).get("flopwatch_train_iteration", job_id="job-a", rank="1", gpu="") == 51

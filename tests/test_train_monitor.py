@@ -344,3 +344,26 @@ def test_comm_floor_is_the_shortest_comm_phase_of_the_last_completed_block(tmp_p
     assert last().comm_min_seconds == pytest.approx(0.05)
     assert (record.pp_stage, record.pp_size, record.dp_rank) == (1, 2, 0)
     server.close()
+
+
+def test_the_iteration_travels_with_each_step_and_bad_ones_are_ignored(tmp_path, caplog):
+    import socket as socket_module
+
+    from flopwatch.train import StepMonitor, wire
+
+    path = str(tmp_path / "s.sock")
+    server = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_DGRAM)
+    server.bind(path)
+    server.setblocking(False)
+    mon = StepMonitor(job_id="j", socket_path=path, min_interval=0, environ={})
+    mon.record_step(1.0, {"compute": 0.5})
+    assert wire.decode(server.recv(wire.MAX_DATAGRAM)).iteration is None
+    with mon.step(iteration=500):
+        pass
+    assert wire.decode(server.recv(wire.MAX_DATAGRAM)).iteration == 500
+    mon.record_step(1.0, {"compute": 0.5}, iteration=300)      # restored from an older checkpoint
+    assert wire.decode(server.recv(wire.MAX_DATAGRAM)).iteration == 300
+    with caplog.at_level(logging.WARNING, logger="flopwatch.train"):
+        mon.record_step(1.0, {"compute": 0.5}, iteration=-4)
+    assert wire.decode(server.recv(wire.MAX_DATAGRAM)).iteration == 300 and "iteration -4 ignored" in caplog.text
+    server.close()

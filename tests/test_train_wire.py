@@ -17,7 +17,7 @@ def _record(**changes) -> wire.StepRecord:
             "measured_flops_per_step": 1.01e12, "buckets": (0,) * 8 + (4,) + (0,) * 14,
             "phases": {"data": 0.1, "compute": 1.2, "comm": 0.4, "optimizer": 0.2, "other": 0.1},
             "pp_stage": 2, "pp_size": 4, "tp_rank": 1, "tp_size": 8, "dp_rank": 3, "dp_size": 16,
-            "comm_min_seconds": 0.05, "comm_min_steps": 16}
+            "comm_min_seconds": 0.05, "comm_min_steps": 16, "iteration": 120_345}
     base.update(changes)
     return wire.StepRecord(**base)
 
@@ -34,6 +34,15 @@ def test_version_1_still_reads_as_stage_0_without_a_floor():
     decoded = wire.decode(data)
     assert decoded.coordinates == wire.NO_COORDS
     assert decoded.steps == 4 and decoded.phases == record.phases and decoded.version == 1
+
+
+def test_the_iteration_is_outside_the_identity_and_read_on_its_own():
+    one, two = wire.encode(_record(iteration=7)), wire.encode(_record(iteration=8))
+    assert wire.identity(one) == wire.identity(two)
+    assert (wire.iteration_of(one), wire.iteration_of(two)) == (7, 8)
+    assert wire.iteration_of(wire.encode(_record(iteration=None))) is None
+    assert wire.decode(wire.encode(_record(iteration=None))).iteration is None
+    assert wire.identity(wire.encode(_record(iteration=None))) != wire.identity(one)   # the flag differs
 
 
 def test_partial_phase_mask_reads_missing_phases_as_zero():
@@ -80,7 +89,8 @@ OFF_COMM_MIN = OFF_COORDS + 16
         (GOOD + b"x", "malformed"),
         (GOOD + b"x" * 500, "oversized"),
         (b"\x03" + GOOD[1:], "version"),
-        (b"\x01" + GOOD[1:], "malformed"),                                 # a v1 datagram is 28 bytes shorter
+        (b"\x01" + GOOD[1:], "malformed"),                                 # a v1 datagram is 36 bytes shorter
+        (_patch(GOOD_V1, OFF_FLAGS, "B", wire.FLAG_ITERATION), "malformed"),  # no iteration in v1
         (b"\x02" + GOOD_V1[1:], "truncated"),
         (b"\x00" * len(GOOD), "version"),
         (_patch(GOOD, OFF_FLAGS, "B", 0x80), "malformed"),

@@ -134,7 +134,7 @@ NIC_STATES: dict[Metric, Callable[[SimulatedNic], tuple[tuple[str, ...], float]]
 }
 NIC_METRICS = (*NIC_FIXED, *NIC_STATES)
 TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.CHECKPOINT_SECONDS,
-                 t.LAST_STEP, t.COMM_MIN, t.FLOPS_PER_STEP, t.STEP_SECONDS)
+                 t.LAST_STEP, t.COMM_MIN, t.ITERATION, t.FLOPS_PER_STEP, t.STEP_SECONDS)
 
 
 def supported_names() -> set[str]:
@@ -321,6 +321,8 @@ class FastSampler:
                 yield self._job_group(metric, job_id, "", rank_keys), array[ranks]
         if t.COMM_MIN.name in self.wanted and c.comm_min_ready:
             yield self._job_group(t.COMM_MIN, job_id, "", rank_keys), c.comm_min[ranks]
+        if t.ITERATION.name in self.wanted:
+            yield self._job_group(t.ITERATION, job_id, "", rank_keys), np.full(len(rank_keys), float(c.iteration))
         if t.PHASE_SECONDS.name in self.wanted:
             for i, phase in enumerate(PHASES):
                 keys = [(*key, phase) for key in rank_keys]

@@ -53,6 +53,12 @@ COMM_MIN = Metric(
     "others. The job's minimum is the floor against which per-step waiting for stragglers is "
     "measured.", RANK,
 )
+ITERATION = Metric(
+    "flopwatch_train_iteration", "gauge", "",
+    "The training iteration (global step) of this rank's last step, as the job counts it: after a "
+    "restart from a checkpoint it starts below the iteration reached before, and steps done again "
+    "until it passes that mark are lost progress. Absent for clients that do not report it.", RANK,
+)
 LAST_STEP = Metric(
     "flopwatch_train_last_step_timestamp_seconds", "gauge", "seconds",
     "Unix time the agent received this rank's last completed step (a hang shows as a growing age).",

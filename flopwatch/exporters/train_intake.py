@@ -63,7 +63,7 @@ class IntakeError(RuntimeError):
 
 class _Rank:
     __slots__ = ("allowance", "analytic", "bits", "comm_min", "coords", "dp_rank", "gpu", "gpu_index", "identity",
-                 "instance", "job", "key", "last_step", "measured", "rank", "seen", "stage")
+                 "instance", "iteration", "job", "key", "last_step", "measured", "rank", "seen", "stage")
 
     def __init__(self, job: str, rank: int, key: tuple[bytes, int]) -> None:
         self.job, self.rank, self.key = job, rank, key
@@ -76,6 +76,7 @@ class _Rank:
         self.coords: tuple[int, int, int] | None = None   # (stage, dp rank, tp rank) it claims in its job
         self.stage, self.dp_rank = "0", ""
         self.comm_min: float | None = None   # its comm floor, once it has completed a block of steps
+        self.iteration: int | None = None    # the training iteration of its last step, when it says
         self.last_step = 0.0        # wall time the steps count last grew
         self.seen = 0.0             # monotonic time of the last accepted datagram
         self.allowance = BURST - 1.0      # it is created by admitting one datagram
@@ -96,6 +97,7 @@ class _Job:
 
 _ge = operator.ge
 _identity = wire.identity
+_iteration_of = wire.iteration_of
 _totals_bits = wire.totals_bits
 _FULL_SIZE = wire.RECORD_STRUCTS[wire.ALL_PHASES_MASK].size
 
@@ -109,7 +111,7 @@ T_SAVE, T_RESTORE, T_PHASES = wire.I_SAVE - _T, wire.I_RESTORE - _T, wire.I_PHAS
 
 @dataclass(frozen=True)
 class _Snapshot:
-    ranks: tuple[tuple[str, str, str, str, str, tuple, float, float, float, float | None], ...] = ()
+    ranks: tuple[tuple[str, str, str, str, str, tuple, float, float, float, float | None, int | None], ...] = ()
     jobs: tuple[tuple[str, tuple[int, ...], float], ...] = ()
     accepted: int = 0
     rejected: tuple[tuple[str, int], ...] = ()
@@ -203,9 +205,11 @@ class TrainIntake:
         try:
             if state is not None:
                 bits = _totals_bits(data)
+                iteration = _iteration_of(data)
             else:
                 record, job = wire.split(data, self._jobs)
                 bits = wire.bits_of(record)
+                iteration = record[wire.I_ITERATION] if record[wire.I_FLAGS] & wire.FLAG_ITERATION else None
         except wire.WireError as error:
             self.rejected[error.reason] += 1
             return
@@ -238,6 +242,7 @@ class TrainIntake:
         if not state.bits or bits[0] > state.bits[0]:
             state.last_step = wall
         state.bits = bits
+        state.iteration = iteration
         state.seen = now
         self.accepted += 1
 
@@ -338,7 +343,7 @@ class TrainIntake:
             for (job, _), state in self._ranks.items():
                 totals = wire.totals_of(state.bits)
                 ranks.append((state.job, str(state.rank), state.gpu, state.stage, state.dp_rank, totals,
-                              state.analytic, state.measured, state.last_step, state.comm_min))
+                              state.analytic, state.measured, state.last_step, state.comm_min, state.iteration))
                 sums = histograms.get(job)
                 if sums is None:
                     record = self._jobs[job]
@@ -356,8 +361,8 @@ class TrainIntake:
                                           m.HARDWARE_FLOPS.family())
         phase, checkpoint, last, dropped = (m.PHASE_SECONDS.family(), m.CHECKPOINT_SECONDS.family(),
                                             m.LAST_STEP.family(), m.CLIENT_DROPPED.family())
-        per_step, comm_min = m.FLOPS_PER_STEP.family(), m.COMM_MIN.family()
-        for job, rank, gpu, stage, dp_rank, totals, analytic, measured, last_step, floor in snap.ranks:
+        per_step, comm_min, iteration = m.FLOPS_PER_STEP.family(), m.COMM_MIN.family(), m.ITERATION.family()
+        for job, rank, gpu, stage, dp_rank, totals, analytic, measured, last_step, floor, step in snap.ranks:
             labels = [node, job, rank, gpu, stage, dp_rank]
             steps.add_metric(labels, totals[T_STEPS])
             tokens.add_metric(labels, totals[T_TOKENS])
@@ -371,6 +376,8 @@ class TrainIntake:
                 last.add_metric(labels, last_step)
             if floor is not None:
                 comm_min.add_metric(labels, floor)
+            if step is not None:
+                iteration.add_metric(labels, step)
             dropped.add_metric([node, job, rank], totals[T_DROPPED])
             if analytic:
                 per_step.add_metric([node, job, rank, "analytic"], analytic)
@@ -388,7 +395,8 @@ class TrainIntake:
         rejected = m.EVENTS_REJECTED.family()
         for reason, count in snap.rejected:
             rejected.add_metric([node, reason], count)
-        for family in (steps, tokens, model, hardware, phase, checkpoint, last, comm_min, histogram, per_step,
+        for family in (steps, tokens, model, hardware, phase, checkpoint, last, comm_min, iteration, histogram,
+                       per_step,
                        dropped, accepted, rejected):
             if family.samples:
                 yield family

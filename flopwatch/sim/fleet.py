@@ -52,6 +52,7 @@ class RankCounters:
     comm_block_min: np.ndarray = field(init=False)
     comm_block_steps: int = 0
     comm_min_ready: bool = False                 # a block has completed: the gauge exists
+    iteration: int = 0                           # the job's training iteration of the last step
 
     def __post_init__(self) -> None:
         r = self.ranks
@@ -79,6 +80,8 @@ class RankCounters:
             self.comm_block_steps = 0
             self.comm_min_ready = True
         self.last_step_time[:] = unix_end
+        # a restart from a checkpoint resumes below the iteration reached before (replayed steps)
+        self.iteration = runner.steps - runner.replay_steps
         self.step_buckets += np.array([step.wall <= bound for bound in STEP_BUCKETS])
         self.step_sum += step.wall
         self.step_count += 1
@@ -222,7 +225,7 @@ class Fleet:
                 truth.steps += 1
                 if step.lost:
                     truth.lost_steps += 1
-                    truth.add_badput("restart", step.wall)
+                    truth.add_badput("lost_progress", step.wall)
                     continue
                 straggler = step.waiting   # per step: mean over ranks of waiting beyond the collective
                 data = float(np.median(step.phases["data"]))

@@ -90,6 +90,7 @@ class SimTrainCollector(_NodeCollector):
                 put(m.LAST_STEP, labels, c.last_step_time[rank])
                 if c.comm_min_ready:
                     put(m.COMM_MIN, labels, c.comm_min[rank])
+                put(m.ITERATION, labels, c.iteration)
                 put(m.FLOPS_PER_STEP, (job_id, str(rank), "analytic"), per_rank_flops)
             # every local rank observes every step: count = steps x local ranks (as the intake does)
             out.add_histogram(m.STEP_SECONDS, (job_id,),

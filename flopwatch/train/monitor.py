@@ -202,12 +202,15 @@ class StepMonitor:
         self._hw_per_token = (self.hardware_flops_per_step / self.tokens_per_step
                               if self.tokens_per_step else 0.0)
         self._step_tokens: float | None = None
+        self._step_iteration: int | None = None
+        self.iteration: int | None = None      # the training iteration of the last step, once given
         job = self.job_id.encode("ascii")
         # Who we are rarely changes: pack it once; each send packs only the running totals.
         self._totals = struct.Struct(wire.TOTALS.format + "d" * len(wire.PHASES))
         self._buffer = bytearray(wire.HEAD.size + self._totals.size) + wire.GAUGES.pack(analytic, measured) \
             + bytes(wire.COORDS.size) + job
         self._coords_at = wire.HEAD.size + self._totals.size + wire.GAUGES.size
+        self._iteration_at = self._coords_at + wire.COORDS.size - wire.ITERATION.size
         self._comm_seen = 0.0          # comm phase total at the end of the last step
         self._block_min = math.inf     # shortest comm phase of a step in the current block
         self._block_steps = 0
@@ -226,9 +229,13 @@ class StepMonitor:
         self._connect(time.perf_counter())
 
     # -- the training loop's API ---------------------------------------------------------------
-    def step(self, tokens: float | None = None) -> _Step:
-        """Context manager around one training step; `tokens` overrides tokens_per_step for it."""
+    def step(self, tokens: float | None = None, iteration: int | None = None) -> _Step:
+        """Context manager around one training step; `tokens` overrides tokens_per_step for it.
+
+        `iteration`: the job's global step number of this step (restored from the checkpoint after
+        a restart), so that steps done again after a restart count as lost progress."""
         self._step_tokens = tokens
+        self._step_iteration = iteration
         return self._step_cm
 
     def phase(self, name: str) -> _Phase | _Untimed:
@@ -259,7 +266,8 @@ class StepMonitor:
             self._internal_error(error)
         return None
 
-    def record_step(self, seconds: float, phases: Mapping[str, float], tokens: float | None = None) -> None:
+    def record_step(self, seconds: float, phases: Mapping[str, float], tokens: float | None = None,
+                    iteration: int | None = None) -> None:
         """Report a step timed elsewhere (the PyTorch integration); untimed time goes to `other`."""
         try:
             if not 0.0 <= seconds < math.inf:
@@ -274,6 +282,7 @@ class StepMonitor:
             if seconds > timed:
                 self._phase_totals[_OTHER] += seconds - timed
             self._step_tokens = tokens
+            self._step_iteration = iteration
             self._complete_step(seconds, time.perf_counter())
         except Exception as error:
             self._internal_error(error)
@@ -325,17 +334,20 @@ class StepMonitor:
 
     # -- internals -----------------------------------------------------------------------------
     def _pack_head(self) -> None:
-        wire.HEAD.pack_into(self._buffer, 0, wire.VERSION, 0, wire.ALL_PHASES_MASK, len(self.job_id),
+        flags = wire.FLAG_ITERATION if self.iteration is not None else 0
+        wire.HEAD.pack_into(self._buffer, 0, wire.VERSION, flags, wire.ALL_PHASES_MASK, len(self.job_id),
                             self.rank, self.local_rank, self.gpu, self.instance)
 
     def _pack_coordinates(self) -> None:
         comm_min = self.comm_min
         wire.COORDS.pack_into(self._buffer, self._coords_at, *self.coordinates,
                               comm_min if comm_min is not None else 0.0,
-                              wire.COMM_MIN_BLOCK if comm_min is not None else 0)
+                              wire.COMM_MIN_BLOCK if comm_min is not None else 0, self.iteration or 0)
 
     def _complete_step(self, seconds: float, now: float) -> None:
         tokens = self._step_tokens
+        if self._step_iteration is not None:
+            self._take_iteration(self._step_iteration)
         comm = self._phase_totals[_COMM]
         step_comm = comm - self._comm_seen
         self._comm_seen = comm
@@ -367,6 +379,17 @@ class StepMonitor:
                 self.hardware_flops += self.hardware_flops_per_step
         if now >= self._next_send:
             self._send(now)
+
+    def _take_iteration(self, iteration: object) -> None:
+        self._step_iteration = None
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or not 0 <= iteration < 1 << 64:
+            self._warn_once("iteration", f"iteration {iteration!r} ignored; expected an integer >= 0")
+            return
+        first = self.iteration is None
+        self.iteration = iteration
+        if first:
+            self._pack_head()                  # the flag says the field is set from now on
+        wire.ITERATION.pack_into(self._buffer, self._iteration_at, iteration)
 
     def _send(self, now: float) -> None:
         self._next_send = now + self.min_interval

@@ -12,7 +12,7 @@ is the same without the 28 bytes; the intake reads both, and a version 1 sender 
 one-stage job with no comm floor.
 
     B version         1
-    B flags           reserved, 0
+    B flags           FLAG_ITERATION (version 2): the iteration field is set; other bits reserved
     B phase_mask      bit i set: PHASES[i] is among the phase totals (data, compute, comm, optimizer, other)
     B job_len         1..64 bytes of job_id (printable ASCII, no quote or backslash)
     I rank            0..MAX_RANK
@@ -32,13 +32,17 @@ one-stage job with no comm floor.
     i dp_rank, i dp_size       data-parallel rank (-1) and size (0)
     d comm_min_seconds         shortest comm phase of one step over the last completed block
     I comm_min_steps           steps in that block (0: no block completed yet, no floor)
+    Q iteration                the training iteration (global step) of the last step, as the job
+                               counts it: after a restart from a checkpoint it starts below the
+                               iteration reached before (lost progress); valid with FLAG_ITERATION
     job_len bytes     job_id
 
 So that the intake's hot path is two slices of one unpacked tuple, the running totals are
 contiguous and so are the floats (tokens to the gauges), which must be finite and not negative
 (not even -0.0: the check reads their sign bits). Everything after the running totals (gauges,
 coordinates, comm floor, job id) changes rarely, so it forms the datagram's identity with the head:
-the comm floor changes once per block of steps, not per datagram.
+the comm floor changes once per block of steps, not per datagram. The iteration, which changes
+every step, is left out of the identity and read on its own.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ from pathlib import Path
 
 VERSION = 2
 VERSIONS = (1, 2)
-KNOWN_FLAGS = 0
+FLAG_ITERATION = 0x01
+KNOWN_FLAGS = FLAG_ITERATION
 
 PHASES: tuple[str, ...] = ("data", "compute", "comm", "optimizer", "other")
 PHASE_INDEX: dict[str, int] = {name: i for i, name in enumerate(PHASES)}
@@ -88,17 +93,18 @@ RECORD_STRUCTS: tuple[struct.Struct, ...] = tuple(
     for mask in range(ALL_PHASES_MASK + 1)
 )
 #: Version 2's parallel coordinates and comm floor, between the gauges and the job id.
-COORDS = struct.Struct("<hhhhiidI")
+COORDS = struct.Struct("<hhhhiidIQ")
 MAX_STAGES = 4096
 MAX_PARALLEL = MAX_RANK
 #: The block of steps over which a client keeps its shortest comm phase.
 COMM_MIN_BLOCK = 16
-MAX_DATAGRAM = RECORD_STRUCTS[ALL_PHASES_MASK].size + COORDS.size + MAX_JOB_ID   # 320 bytes
+MAX_DATAGRAM = RECORD_STRUCTS[ALL_PHASES_MASK].size + COORDS.size + MAX_JOB_ID   # 328 bytes
 #: Indices of the coordinates appended to a record by split() (defaults for version 1).
 I_PP_STAGE = I_MEASURED + 1
 I_PP_SIZE, I_TP_RANK, I_TP_SIZE, I_DP_RANK, I_DP_SIZE = range(I_PP_STAGE + 1, I_PP_STAGE + 6)
-I_COMM_MIN, I_COMM_MIN_STEPS = I_PP_STAGE + 6, I_PP_STAGE + 7
-NO_COORDS = (-1, 0, -1, 0, -1, 0, 0.0, 0)
+I_COMM_MIN, I_COMM_MIN_STEPS, I_ITERATION = I_PP_STAGE + 6, I_PP_STAGE + 7, I_PP_STAGE + 8
+NO_COORDS = (-1, 0, -1, 0, -1, 0, 0.0, 0, 0)
+ITERATION = struct.Struct("<Q")
 
 DEFAULT_SOCKET = "/run/flopwatch/steps.sock"
 SOCKET_ENV = "FLOPWATCH_SOCKET"
@@ -141,12 +147,13 @@ class StepRecord:
     dp_size: int = 0
     comm_min_seconds: float = 0.0
     comm_min_steps: int = 0
+    iteration: int | None = None
     version: int = VERSION
 
     @property
     def coordinates(self) -> tuple:
         return (self.pp_stage, self.pp_size, self.tp_rank, self.tp_size, self.dp_rank, self.dp_size,
-                self.comm_min_seconds, self.comm_min_steps)
+                self.comm_min_seconds, self.comm_min_steps, self.iteration or 0)
 
 
 def encode(record: StepRecord) -> bytes:
@@ -160,8 +167,9 @@ def encode(record: StepRecord) -> bytes:
             totals.append(record.phases[name])
     buckets = record.buckets or (0,) * (N_BUCKETS - 1) + (record.steps,)
     coords = COORDS.pack(*record.coordinates) if record.version >= 2 else b""
+    flags = FLAG_ITERATION if record.iteration is not None and record.version >= 2 else 0
     return RECORD_STRUCTS[mask].pack(
-        record.version, 0, mask, len(job), record.rank, record.local_rank, record.gpu, record.instance,
+        record.version, flags, mask, len(job), record.rank, record.local_rank, record.gpu, record.instance,
         record.steps, record.dropped, *buckets, record.tokens, record.model_flops, record.hardware_flops,
         record.step_seconds, record.checkpoint_save_seconds, record.checkpoint_restore_seconds, *totals,
         record.analytic_flops_per_step, record.measured_flops_per_step,
@@ -176,7 +184,8 @@ def decode(data: bytes) -> StepRecord:
         record[I_ANALYTIC], record[I_MEASURED], record[I_STEPS], record[I_TOKENS], record[I_MODEL],
         record[I_HARDWARE], record[I_STEP_SECONDS], record[I_SAVE], record[I_RESTORE], record[I_DROPPED],
         record[I_BUCKETS:I_TOKENS], dict(zip(PHASES, record[I_PHASES:I_ANALYTIC], strict=True)),
-        *record[I_PP_STAGE:I_COMM_MIN_STEPS + 1], version=record[0],
+        *record[I_PP_STAGE:I_COMM_MIN_STEPS + 1],
+        iteration=record[I_ITERATION] if record[I_FLAGS] & FLAG_ITERATION else None, version=record[0],
     )
 
 
@@ -199,13 +208,27 @@ _GAUGES_AT = _FULL_SIZE - GAUGES.size
 _COUNTS = I_TOKENS - I_TOTALS           # steps, dropped and the buckets lead the totals
 
 
-def identity(data: bytes) -> bytes:
-    """Everything in a full-mask datagram but its running totals: sender, instance, gauges, job id.
+_ITERATION_AT = _FULL_SIZE + COORDS.size - ITERATION.size
 
-    Two datagrams with equal identities differ only in totals, so once one of them has passed
-    `split`, `totals_bits` alone validates the other (the intake's fast path).
+
+def identity(data: bytes) -> bytes:
+    """Everything in a full-mask datagram but its running totals and iteration: sender, instance,
+    gauges, coordinates, comm floor, job id.
+
+    Two datagrams with equal identities differ only in totals and iteration, so once one of them
+    has passed `split`, `totals_bits` alone validates the other (the intake's fast path); the
+    iteration needs no check (any 64-bit count is one).
     """
+    if data[0] == 2:
+        return data[:HEAD.size] + data[_GAUGES_AT:_ITERATION_AT] + data[_ITERATION_AT + ITERATION.size:]
     return data[:HEAD.size] + data[_GAUGES_AT:]
+
+
+def iteration_of(data: bytes) -> int | None:
+    """The iteration of a full-mask datagram whose identity passed `split`, or None if it has none."""
+    if data[0] == 2 and data[1] & FLAG_ITERATION:
+        return ITERATION.unpack_from(data, _ITERATION_AT)[0]
+    return None
 
 
 def totals_bits(data: bytes) -> tuple[int, ...]:
@@ -252,7 +275,7 @@ def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple
     job = data[-record[I_JOB_LEN]:]
     if job not in trusted_jobs:
         check_job_id(job)
-    if record[I_FLAGS] & ~KNOWN_FLAGS:
+    if record[I_FLAGS] & ~(KNOWN_FLAGS if extra else 0):
         raise WireError("malformed", f"unknown flags {record[I_FLAGS]:#x}")
     if record[I_RANK] > MAX_RANK or record[I_LOCAL_RANK] < -1 or record[I_GPU] < -1:
         raise WireError("bad_rank", f"rank {record[I_RANK]}, local_rank {record[I_LOCAL_RANK]}, "
@@ -266,7 +289,7 @@ def split(data: bytes, trusted_jobs: Container[bytes] = _NO_JOBS) -> tuple[tuple
 
 def check_coordinates(coords: tuple) -> None:
     """Each parallel rank in -1 (unknown) .. its size - 1 (size 0: unknown); a sane comm floor."""
-    stage, stages, tp_rank, tp_size, dp_rank, dp_size, comm_min, _ = coords
+    stage, stages, tp_rank, tp_size, dp_rank, dp_size, comm_min, _, _ = coords
     for what, index, count, limit in (("pipeline stage", stage, stages, MAX_STAGES),
                                       ("tensor-parallel rank", tp_rank, tp_size, MAX_PARALLEL),
                                       ("data-parallel rank", dp_rank, dp_size, MAX_PARALLEL)):
