@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
+import yaml
+
+from flopwatch import resources
 from flopwatch.catalog import by_name
+from flopwatch.report import queries
 from flopwatch.report.queries import ALERTS_STRAGGLER, Promql, probe_queries
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Window, grid_for
@@ -20,7 +24,7 @@ def every_query(settings: ReportSettings, spacing: float = 15.0) -> list:
     return [*p.range_queries(), *p.counter_queries(), *p.total_queries(WEEK), *p.hardware_candidates(),
             *p.hardware_ranges(nodes),
             *p.total_queries(WEEK.previous(), "prev_"), *p.previous_range_queries(grid), p.straggler_arrivals(),
-            p.straggler_alerts(), p.power_fallback(), *probe_queries(settings, WEEK),
+            p.straggler_alerts(), p.power_fallback(), *probe_queries(settings, WEEK), *p.step_time_queries(),
             p.straggler_detail("d", "east", "job-1", "3", "node0001", "2", WEEK.end - 7200, WEEK.end),
             p.gpu_job("o", "east", "node0001", "2", WEEK.end)]
 
@@ -28,8 +32,23 @@ def every_query(settings: ReportSettings, spacing: float = 15.0) -> list:
 def test_only_catalogue_names():
     known = set(by_name())
     for query in every_query(ReportSettings()):
-        names = set(re.findall(r"flopwatch_[a-z0-9_]+", query.expr))
+        names = set(re.findall(r"(?<![:\w])flopwatch_[a-z0-9_]+(?!:)", query.expr))   # not level:metric:op
         assert names <= known, (query.name, names - known)
+
+
+def test_recorded_series_and_alerts_are_the_shipped_rules():
+    """The rules' results the report reads (a renamed rule would leave the report empty-handed)."""
+    rules = [rule for path in resources.rule_files() for group in yaml.safe_load(path.read_text())["groups"]
+             for rule in group["rules"]]
+    recorded = {rule["record"] for rule in rules if "record" in rule}
+    alerts = {rule["alert"] for rule in rules if "alert" in rule}
+    used = " ".join(q.expr for q in every_query(ReportSettings()))
+    assert set(re.findall(r"[a-z_]+:flopwatch_[a-z0-9_]+:[a-z0-9_]+", used)) <= recorded
+    assert {queries.STEP_TIME_LOST, queries.STEP_TIME_LOST_BY_CLASS, queries.STAGE_IMBALANCE} <= recorded
+    assert set(re.findall(r'alertname="(\w+)"', used)) == {"FlopWatchStraggler", "FlopWatchPipelineImbalance"} <= alerts
+    classes = {rule.get("labels", {}).get("class") for rule in rules
+               if rule.get("record") == queries.STEP_TIME_LOST_BY_CLASS}
+    assert classes == {"worker", "stage", "scattered"}
 
 
 def test_every_aggregation_keeps_the_cluster_label():

@@ -67,8 +67,20 @@ def test_grid_buckets_hold_at_least_two_samples():
     day = Window(NOW - 86400, NOW)
     assert grid_for(day, spacing=15).step == 540          # 86400 / 168 = 514 s, rounded up to minutes
     assert grid_for(day, spacing=600).step == 1200        # 10-minute scrapes: 20-minute buckets
-    odd = grid_for(Window(NOW - 100_000, NOW), spacing=None)
-    assert odd.n * odd.step >= 100_000 > (odd.n - 1) * odd.step
+
+
+
+def test_grid_tiles_the_window_exactly():
+    """No bucket reaches before the window: it would count samples from before its start."""
+    for seconds, spacing in ((100_000, None), (100_003, 15), (65, 5), (125, 5), (3 * 3600 + 7, 15), (60, 30)):
+        grid = grid_for(Window(NOW - seconds, NOW), spacing)
+        assert grid.covered_start == pytest.approx(NOW - seconds, abs=1e-6), seconds
+        assert grid.step >= min(seconds, 60), seconds
+        assert round(grid.step * 1000) == pytest.approx(grid.step * 1000, abs=1e-6), seconds  # whole ms
+        if spacing:
+            assert grid.step >= min(seconds, 2 * spacing), seconds
+    assert grid_for(Window(NOW - 65, NOW), 5).n == 1                    # a demo's 65 s: one bucket
+    assert grid_for(Window(NOW - 100_000, NOW), None).step == 625      # next longer step that divides it
 
 
 def test_grid_times():

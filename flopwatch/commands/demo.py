@@ -5,11 +5,20 @@ rules and a real Alertmanager that pages a local webhook, all on free loopback p
 terminal view shows fleet, cluster and job MFU, busy/idle GPUs, the current straggler table and the
 pages received; about a minute in, a thermal straggler is injected. Ctrl-C or the end of
 --duration stops everything and leaves no process behind.
+
+At the end the fleet stops and the demo writes `flopwatch report` over exactly the ticks it ran,
+with the simulator's ground truth over the same span (truth.json). Prometheus scrapes each node
+on a phase of its own, so the fleet advances once per round of scrapes, in the widest quiet
+stretch between two nodes' scrapes (see Ticker and report_span): every node's samples in the
+report's window are then the fleet's ticks, once each.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +36,7 @@ from rich.table import Table
 
 from flopwatch import resources
 from flopwatch.cli import RuntimeFailure, UsageError
+from flopwatch.exporters.http import Response
 from flopwatch.promql import PromClient, PromError
 from flopwatch.sim.fleet import Fleet, node_name
 from flopwatch.sim.scenario import Scenario, ScenarioError
@@ -58,13 +68,18 @@ QUERIES = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=180.0, metavar="SECONDS",
-                        help="stop after this long (default 180; 0 runs until Ctrl-C)")
+                        help="stop once the simulated fleet has run this long (default 180; it starts when "
+                        "Prometheus has scraped every node; 0 runs until Ctrl-C)")
     parser.add_argument("--nodes", type=int, default=None, help="simulated nodes (default: the scenario's, 16)")
     parser.add_argument("--scenario", default="demo",
                         help=f"scenario file or shipped name (default demo; shipped: {', '.join(shipped())})")
     parser.add_argument("--inject-after", type=float, default=60.0, metavar="SECONDS",
                         help="inject a thermal straggler this long after start (default 60, or a third of a "
                         "shorter --duration; negative: never)")
+    parser.add_argument("--out", metavar="DIR", help="write the report here (default: a temporary directory)")
+    parser.add_argument("--truth-out", metavar="FILE",
+                        help="the simulator's ground truth over the report's span, as `flopwatch sim --truth-out` "
+                        "writes it (default: truth.json next to the report)")
 
 
 @dataclass
@@ -72,6 +87,7 @@ class View:
     values: dict[str, list] = field(default_factory=dict)
     injected: str = ""
     error: str = ""
+    waiting: bool = False   # the fleet waits for Prometheus's first scrape of every node
 
 
 def poll(client: PromClient) -> View:
@@ -121,6 +137,8 @@ def render(view: View, pages: list[dict], elapsed: float, prometheus_url: str) -
         labels, notes = alert.get("labels", {}), alert.get("annotations", {})
         paged.add_row(labels.get("alertname", ""), labels.get("severity", ""), notes.get("summary", ""))
     notes = [f"Prometheus {prometheus_url}"]
+    if view.waiting:
+        notes.append("waiting for Prometheus's first scrape of every node")
     if view.injected:
         notes.append(f"[yellow]injected: {view.injected}[/yellow]")
     if view.error:
@@ -150,6 +168,165 @@ def alertmanager_config(webhook_url: str) -> dict:
 def rule_files() -> list[Path]:
     """The shipped rule files; none at all is an error naming where they should be."""
     return resources.rule_files()
+
+
+#: The shortest span a report covers (flopwatch.report.window.MIN_WINDOW_S): a shorter demo's
+#: report reaches back before its first tick.
+MIN_SPAN_S = 60.0
+#: Seconds kept clear between a tick or a report boundary and the nearest scrape.
+MARGIN_S = 0.05
+_NODE_PATH = re.compile(r"^/node/(\d+)/metrics$")
+
+
+class ScrapedFleet(FleetServer):
+    """The demo's fleet server: it notes when Prometheus scrapes each node and which tick the
+    scrape saw, so the fleet can advance between two rounds of scrapes (every node scraped once
+    per tick, none twice) and the report can cover exactly the ticks that were scraped."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        super().__init__(fleet)
+        self.generation = -1                       # ticks the served expositions show (0: the start)
+        self.render_seconds = 0.0
+        self.scrapes: list[list[tuple[float, int]]] = [[] for _ in self.agents]   # (unix time, tick)
+        self.scraped = threading.Condition()
+
+    def render_all(self) -> None:
+        started = time.perf_counter()
+        expositions = [agent.render() for agent in self.agents]
+        self.render_seconds = time.perf_counter() - started
+        with self.scraped:
+            self.expositions = expositions
+            self.generation += 1
+
+    def route(self, path: str) -> Response:
+        match = _NODE_PATH.match(path)
+        if match and int(match.group(1)) < len(self.agents):
+            index = int(match.group(1))
+            with self.scraped:
+                body = self.expositions[index]
+                self.scrapes[index].append((time.time(), self.generation))
+                self.scraped.notify_all()
+            return Response(200, body)
+        return super().route(path)
+
+    def wait_scraped(self, node: int, generation: int, timeout: float, stop: threading.Event,
+                     after: float = 0.0) -> bool:
+        """Wait until `node` has served tick `generation` (in a scrape later than `after`);
+        False on timeout or `stop`."""
+        deadline = time.monotonic() + timeout
+        with self.scraped:
+            while not any(g >= generation and t > after for t, g in self.scrapes[node][-3:]):
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return False
+                self.scraped.wait(min(left, 0.2))
+        return True
+
+
+@dataclass
+class Gap:
+    """The quiet stretch of each scrape round: after node `last`'s scrape, `length` seconds
+    without one; the fleet ticks in it, and the report's ends fall in it."""
+
+    last: int
+    length: float
+
+
+def widest_gap(phases: list[float], interval: float, tick_s: float) -> Gap:
+    """The gap between consecutive scrape phases (seconds into the interval, one per node) that
+    fits a tick and, for a whole-second interval, holds a whole second with the most room either
+    side (report windows are whole seconds); else the longest gap."""
+    order = sorted(range(len(phases)), key=lambda n: phases[n])
+    following = [phases[n] for n in order[1:]] + [phases[order[0]] + interval]   # round the circle
+    gaps = [Gap(node, after - phases[node]) for node, after in zip(order, following, strict=True)]
+
+    def room(gap: Gap) -> float:
+        if gap.length < tick_s + 2 * MARGIN_S or interval != int(interval):
+            return -1.0
+        into = [(second - phases[gap.last]) % interval for second in range(int(interval))]
+        return max((min(d, gap.length - d) for d in into if d < gap.length), default=-1.0)
+
+    return max(gaps, key=lambda gap: (room(gap) >= MARGIN_S, room(gap), gap.length))
+
+
+class Ticker:
+    """Advances the fleet once per scrape round, right after the round's last node was scraped,
+    until it has run `duration` seconds (0: until `stop`). Prometheus scrapes each node on its own
+    fixed phase, so a tick in the same gap every round is seen by every node exactly once.
+    Without a scrape of every node to learn the phases from, it ticks on the clock."""
+
+    def __init__(self, server: ScrapedFleet, interval: float, duration: float, stop: threading.Event) -> None:
+        self.server, self.interval, self.duration, self.stop = server, interval, duration, stop
+        self.gap: Gap | None = None
+        self.thread = threading.Thread(target=self.run, name="fleet", daemon=True)
+
+    @property
+    def ticks(self) -> int:
+        return self.server.generation
+
+    def run(self) -> None:
+        server, interval = self.server, self.interval
+        after = self._learn()
+        if after is not None and self.gap is not None:
+            while server.wait_scraped(self.gap.last, self.ticks, 2 * interval + 5, self.stop, after) and self._more():
+                server.tick(interval)
+        next_at = time.monotonic() + interval   # no phases (or Prometheus stopped scraping): the clock
+        while self._more() and not self.stop.wait(max(0.0, next_at - time.monotonic())):
+            self.gap = None
+            server.tick(interval)
+            next_at += interval
+
+    def _more(self) -> bool:
+        if self.stop.is_set():
+            return False
+        return self.duration <= 0 or self.ticks * self.interval < self.duration - 1e-9
+
+    def _learn(self) -> float | None:
+        """Wait for a scrape of every node and choose the gap the fleet ticks in; the time the
+        first tick must follow (the gap's next occurrence), or None without every node's scrape."""
+        server = self.server
+        tick_s = 3 * server.render_seconds + 0.02   # what a tick costs, roughly (the start's render)
+        for node in range(len(server.agents)):
+            if not server.wait_scraped(node, 0, 3 * self.interval + 15, self.stop):
+                return None
+        with server.scraped:
+            phases = [scrapes[-1][0] % self.interval for scrapes in server.scrapes]
+        self.gap = widest_gap(phases, self.interval, tick_s)
+        return time.time()
+
+
+def report_span(server: ScrapedFleet, ticks: int, interval: float) -> tuple[float, float, str]:
+    """The report's window (whole seconds): from between the start's last scrapes and tick 1's
+    first to between every node's first scrape of the last tick and its next, so each node's
+    samples in it are ticks 1..`ticks`, once each; and what keeps that from holding ("" when it
+    holds): a demo shorter than a report's minimum span, no whole second in the gaps, scrapes
+    out of turn."""
+    never = threading.Event()
+    deadline = time.monotonic() + interval + 5
+    for node in range(len(server.agents)):   # the round after the last tick
+        server.wait_scraped(node, ticks, max(0.0, deadline - time.monotonic()), never)
+    with server.scraped:
+        before = [[t for t, g in s if g < 1] for s in server.scrapes]
+        after = [[t for t, g in s if g >= 1] for s in server.scrapes]
+        last = [[t for t, g in s if g >= ticks] for s in server.scrapes]
+    start_lo = max((max(t) for t in before if t), default=-math.inf)
+    start_hi = min((min(t) for t in after if t), default=math.inf)
+    end_lo = max((min(t) for t in last if t), default=time.time())
+    end_hi = min((min(t) for t in last if t), default=math.inf) + interval
+    end = float(math.ceil(end_lo + MARGIN_S))
+    start = min(float(math.floor(start_hi - MARGIN_S)) if ticks else end, end - MIN_SPAN_S)
+    while time.time() < end + MARGIN_S:
+        time.sleep(0.05)
+    with server.scraped:
+        seen = [[g for t, g in s if start < t <= end] for s in server.scrapes]
+    if start < start_hi - interval - MARGIN_S:
+        return start, end, (f"the fleet ran {ticks * interval:g} s, under the minute a report covers: the report "
+                            "also counts the time before its first tick")
+    if not (start_lo + MARGIN_S < start and end < end_hi - MARGIN_S
+            and all(sorted(g) == list(range(1, ticks + 1)) for g in seen)):
+        return start, end, ("Prometheus's scrapes did not line up with the simulator's ticks: the report may be "
+                            "a tick off the truth")
+    return start, end, ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,15 +366,16 @@ def run(args: argparse.Namespace) -> int:
 def _run_stack(args: argparse.Namespace, scenario: Scenario, rules: list[Path], stop: threading.Event,
                ended_by: list[int]) -> int:
     """Start the fleet, Alertmanager and Prometheus, show the live view until --duration or a
-    signal, write the report over the demo's own span, and stop everything whatever happens."""
+    signal, stop the fleet and write the report (and the simulator's truth) over exactly the
+    ticks it ran, and stop everything whatever happens."""
     console = Console(stderr=True)
     fleet = Fleet(scenario, start_unix=time.time())
-    server = FleetServer(fleet)
+    server = ScrapedFleet(fleet)
     workdir = Path(tempfile.mkdtemp(prefix="flopwatch-demo-"))
     webhook = WebhookReceiver().start()
     alertmanager = Alertmanager(alertmanager_config(webhook.url))
     prometheus: Prometheus | None = None
-    ticker = threading.Thread(target=server.run, args=(0, stop), name="fleet", daemon=True)
+    ticker = Ticker(server, scenario.scrape_interval, args.duration, stop)
     try:
         server.start()
         file_sd = server.write_file_sd(workdir / "targets.json")
@@ -207,23 +385,26 @@ def _run_stack(args: argparse.Namespace, scenario: Scenario, rules: list[Path], 
             rule_files=rules, alertmanagers=[alertmanager.url],
             scrape_interval=f"{scenario.scrape_interval:g}s", evaluation_interval=f"{scenario.scrape_interval:g}s",
         ).start()
-        began = time.time()
-        ticker.start()
+        ticker.thread.start()
         client = PromClient(prometheus.url, timeout=10)
         console.print(f"{len(fleet.nodes)} simulated nodes, Prometheus {prometheus.url}, Alertmanager "
                       f"{alertmanager.url}; Ctrl-C stops everything")
-        injected = _live(args, console, client, server, fleet, webhook, prometheus.url, stop)
+        injected = _live(args, console, client, ticker, webhook, prometheus.url)
         if signal.SIGHUP in ended_by or signal.SIGTERM in ended_by:
             return 0  # nobody is there to read a summary: just stop everything
-        report = _report(prometheus.url, workdir, began, time.time())
-        _summary(console, client, webhook, injected, report)
+        start, end, caveat = report_span(server, ticker.ticks, scenario.scrape_interval)
+        out = Path(args.out) if args.out else workdir / "report"
+        report = _report(prometheus.url, out, start, end)
+        truth = _write_truth(fleet, Path(args.truth_out) if args.truth_out else out / "truth.json",
+                             (start, end), ticker.ticks, caveat)
+        _summary(console, client, webhook, injected, (report, truth, end, caveat))
         return 0
     except ServerError as error:
         raise RuntimeFailure(str(error)) from None
     finally:
         stop.set()
-        if ticker.is_alive():
-            ticker.join(timeout=30)
+        if ticker.thread.is_alive():
+            ticker.thread.join(timeout=30)
         if prometheus is not None:
             prometheus.stop()
         alertmanager.stop()
@@ -231,24 +412,26 @@ def _run_stack(args: argparse.Namespace, scenario: Scenario, rules: list[Path], 
         server.stop()
 
 
-def _live(args: argparse.Namespace, console: Console, client: PromClient, server: FleetServer, fleet: Fleet,
-          webhook: WebhookReceiver, prometheus_url: str, stop: threading.Event) -> str:
-    """The live view until --duration ends or `stop` is set; returns what was injected."""
+def _live(args: argparse.Namespace, console: Console, client: PromClient, ticker: Ticker,
+          webhook: WebhookReceiver, prometheus_url: str) -> str:
+    """The live view while the fleet runs (--duration of simulated time once Prometheus has
+    scraped every node) and until `stop`; returns what was injected."""
     inject_after = args.inject_after
     if args.duration > 0 and inject_after > args.duration / 3:
         inject_after = args.duration / 3
     started = time.monotonic()
-    deadline = started + args.duration if args.duration > 0 else float("inf")
-    injected = ""
+    injected, shown = "", -math.inf
     with Live(console=console, refresh_per_second=2, transient=False) as live:
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not ticker.stop.is_set() and ticker.thread.is_alive():
             elapsed = time.monotonic() - started
             if not injected and inject_after >= 0 and elapsed >= inject_after:
-                injected = _inject(server, fleet)
-            view = poll(client)
-            view.injected = injected
-            live.update(render(view, webhook.firing(), elapsed, prometheus_url))
-            stop.wait(min(2.0, max(0.0, deadline - time.monotonic())))
+                injected = _inject(ticker.server, ticker.server.fleet)
+            if elapsed - shown >= 2.0:
+                view = poll(client)
+                view.injected, view.waiting = injected, ticker.ticks == 0
+                live.update(render(view, webhook.firing(), elapsed, prometheus_url))
+                shown = elapsed
+            ticker.stop.wait(0.25)
     return injected
 
 
@@ -262,12 +445,11 @@ def _inject(server: FleetServer, fleet: Fleet) -> str:
     return f"thermal_throttle on {node_name(node)} GPU {gpu} (job {spec.id}), 8% slower"
 
 
-def _report(prometheus_url: str, workdir: Path, start: float, end: float) -> str:
-    """`flopwatch report` over the demo's own span (from Prometheus's start to now) while the
-    demo's Prometheus still runs: the report path, or why there is none."""
-    out = workdir / "report"
+def _report(prometheus_url: str, out: Path, start: float, end: float) -> str:
+    """`flopwatch report` over the demo's span while the demo's Prometheus still runs: the
+    report path, or why there is none."""
     command = [sys.executable, "-m", "flopwatch", "report", "--prometheus", prometheus_url,
-               "--from", f"{int(start)}", "--to", f"{int(end) + 1}", "--out", str(out), "--no-pdf", "--quiet"]
+               "--from", f"{int(start)}", "--to", f"{int(end)}", "--out", str(out), "--no-pdf", "--quiet"]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired:
@@ -277,10 +459,27 @@ def _report(prometheus_url: str, workdir: Path, start: float, end: float) -> str
     return str(out / "report.html")
 
 
-def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, injected: str,
-             report: str) -> None:
+def _write_truth(fleet: Fleet, path: Path, span: tuple[float, float], ticks: int, caveat: str) -> str:
+    """The simulator's ground truth (the format `flopwatch sim --truth-out` writes) with the span
+    it covers: the fleet stopped at the report's end and started at its beginning, so the truth
+    since the start is the truth over the report's window."""
+    truth = fleet.truth.as_dict()
+    truth["span"] = {"from": span[0], "to": span[1], "ticks": ticks, "simulated_seconds": fleet.t,
+                     "gpus": sum(len(node.gpus) for node in fleet.nodes), "aligned": not caveat,
+                     "caveat": caveat}
     try:
-        mfu = {s.labels.get("job_id"): s.value for s in client.query(QUERIES["job_mfu"])}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(truth, indent=1))
+    except OSError as error:
+        return f"not written ({error.strerror or error})"
+    return str(path)
+
+
+def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, injected: str,
+             written: tuple[str, str, float, str]) -> None:
+    report, truth, end, caveat = written
+    try:
+        mfu = {s.labels.get("job_id"): s.value for s in client.query(QUERIES["job_mfu"], at=end)}
     except PromError:
         mfu = {}
     console.print("\n[b]demo summary[/b]")
@@ -293,6 +492,9 @@ def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, inj
     for alert in pages[-5:]:
         console.print(f"    {alert['labels'].get('alertname')}: {alert.get('annotations', {}).get('summary', '')}")
     console.print(f"  report: {report}")
+    console.print(f"  the simulator's truth over the same span: {truth}")
+    if caveat:
+        console.print(f"  ({caveat})")
     console.print("everything stopped.")
 
 

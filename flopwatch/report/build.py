@@ -1,6 +1,7 @@
 """Building a report: probe what the Prometheus holds, run the queries in three batches (the main
-figures; the straggler detector that suits the data; per-incident details), compute the sections,
-then write HTML, Markdown, CSV and (with Chromium) PDF."""
+figures and the rules' share of step time lost; the straggler detector that suits the data;
+per-incident details), compute the sections, then write HTML, Markdown, CSV and (with Chromium)
+PDF."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from flopwatch.catalog import gpu, train
 from flopwatch.promql import PromClient, PromError
 from flopwatch.report import incidents as inc
-from flopwatch.report import recommend, render, sections
+from flopwatch.report import recommend, render, sections, steptime
 from flopwatch.report.facts import Facts, compute
 from flopwatch.report.fetch import Fetcher, Progress, Results
 from flopwatch.report.model import Report, Section
@@ -58,7 +59,7 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
     fetcher.grid = grid
     promql = Promql(settings, window, grid, spacing)
     first = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
-             *promql.hardware_candidates(), promql.straggler_arrivals()]
+             *promql.hardware_candidates(), promql.straggler_arrivals(), *promql.step_time_queries()]
     if probe.scalar("probe_prev"):
         previous = window.previous()
         first += promql.total_queries(previous, prefix="prev_")
@@ -84,14 +85,16 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
     hardware = inc.hardware(results, grid, label)
     _details(fetcher, promql, facts, stragglers, hardware, with_cause=not alerts)
     lemons = inc.lemons(stragglers + hardware, settings.thresholds.lemon_occasions)
+    step_times = steptime.compute(results, facts, label)
 
     errors = {name: o.error for name, o in results.outcomes.items() if o.error}
     report.sections = [
         sections.summary(facts, stragglers, hardware, lemons, settings),
-        recommend.recommendations(facts, stragglers, lemons, settings),
+        recommend.recommendations(facts, stragglers, lemons, settings, step_times),
         sections.usage(facts, settings, errors),
         sections.mfu(facts, settings, errors),
         sections.goodput(facts, errors),
+        steptime.section(step_times, errors),
         sections.stragglers(stragglers, _method(alerts, grid, settings), errors),
         sections.hardware(hardware, lemons, errors),
         sections.energy(facts, settings, errors),

@@ -1,11 +1,12 @@
 """The report's PromQL, sized for a week of a large cluster.
 
 Everything is computed from the raw series the agents export (a backfilled history has no
-recording-rule results): counters through `increase` over the whole window, trends and
-time-weighted GPU counts through one range query per quantity at the grid's step (about a
-thousand points per series for a week, each bucket aggregating its own samples with
-`avg_over_time`/`increase` over `[step]`, so every sample is read once). Numerators and
-denominators are aggregated separately and divided afterwards, never averaged ratios.
+recording-rule results), through one range query per quantity at the grid's step (168 points
+per series for a week, each bucket aggregating its own samples: sample counts for time,
+`last_over_time` differences for counters, so the buckets add up exactly). Numerators and
+denominators are aggregated separately and divided afterwards, never averaged ratios. Only the
+share of step time lost, which the rules estimate step by step, is read from their results
+(`step_time_queries`).
 
 Every aggregation keeps the cluster label (`cluster_label`, absent on a single Prometheus: one
 cluster named ""), so the same queries serve a global view over several clusters.
@@ -22,6 +23,12 @@ from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Grid, Window
 
 ALERTS_STRAGGLER = 'ALERTS{alertname="FlopWatchStraggler", alertstate="firing"}'
+ALERTS_PIPELINE = 'ALERTS{alertname="FlopWatchPipelineImbalance", alertstate="firing"}'
+#: Recording-rule results (alerts/flopwatch-goodput.yml, flopwatch-stragglers.yml): the share of
+#: step time lost per job and per class, and each pipeline stage's arrival over the fastest stage's.
+STEP_TIME_LOST = "job_id:flopwatch_step_time_lost:ratio"
+STEP_TIME_LOST_BY_CLASS = "job_id_class:flopwatch_step_time_lost:ratio"
+STAGE_IMBALANCE = "job_id_stage:flopwatch_stage_imbalance:ratio"
 ARRIVAL_PHASES = "data|compute|other"
 IB_ERROR_COUNTERS = "symbol_error|link_error_recovery|port_rcv_errors"
 #: IBTA tolerates 120 symbol errors an hour on a link; NVLink errors alert above 1/s (rules).
@@ -62,9 +69,7 @@ class Promql:
         self.c = settings.cluster_label
         self.r = grid.range()
         self.w = window.range()
-        # Counters per bucket read one sample past the bucket's start (the previous bucket's last),
-        # so consecutive buckets' increases add up to the whole (see `increase`).
-        self.counter_range = f"{int((grid.step + (spacing or 0) / 2) * 1000)}ms"
+        self.offset = f"{round(grid.step * 1000)}ms"   # one bucket back (see `increase`)
         # Samples sparser than Prometheus's 5m lookback need an explicit one (which cannot see stale markers).
         self.lookback = f"{int(2 * spacing) + 1}s" if spacing and spacing > LOOKBACK_S else None
 
@@ -103,14 +108,24 @@ class Promql:
                             f"avg_over_time({gpu.SM_CLOCK.name}[{self.r}]) / {self.sel(gpu.SM_CLOCK_MAX.name)}")
 
     def increase(self, name: str, matchers: str = "") -> str:
-        """A counter's increase in each bucket, such that the buckets' increases add up to the
-        increase from the first sample to the last (where `increase` over the bucket alone would
-        extrapolate each bucket from its own samples). The range reaches half a sample spacing
-        before the bucket, so it holds the previous bucket's last sample; the rate over it times
-        the step is then the difference between the two buckets' last samples. A bucket without
-        samples adds nothing: a gap longer than a bucket is not counted."""
+        """A counter's increase in each bucket: its last sample in the bucket minus its last sample
+        in the bucket before, so the buckets add up exactly to the increase from the window's first
+        sample to its last, whatever the samples' phase against the buckets. Nothing is
+        extrapolated: `rate` and `increase` stretch a series' increase toward the edges of their
+        range, so at a series' first or last sample (a job starting or ending, a gap, the end of the
+        data) they count time no sample covers; on a minute of data that read up to 9% high, and a
+        new series' first value (born_*) came on top of it.
+
+        A counter reset counts the value after it. A series with no sample in the bucket before
+        (it begins here, or returns after a gap of a bucket or more) counts from its first sample
+        in the bucket: what it counted before that sample is unknown, except for a training
+        counter born in the window, which counted from zero (the born_* queries add its first
+        value)."""
         selector = f"{name}{{{matchers}}}" if matchers else name
-        return f"(rate({selector}[{self.counter_range}]) * {self.grid.step:g})"
+        last = f"last_over_time({selector}[{self.r}])"
+        before = f"last_over_time({selector}[{self.r}] offset {self.offset})"
+        first = f"min_over_time({selector}[{self.r}])"
+        return f"(({last} - ({before} or {first})) >= 0 or {last})"
 
     def samples(self, name: str, matchers: str = "") -> str:
         """Samples per bucket of each series: x the sample spacing, the seconds it covers."""
@@ -340,6 +355,23 @@ class Promql:
         expr = (f"max by ({self.by('job_id', 'rank', 'node', 'gpu', 'cause')}) "
                 f"(max_over_time({ALERTS_STRAGGLER}[{self.r}]))")
         return Query("straggler_alerts", "straggler alerts", expr, "range")
+
+    def step_time_queries(self) -> list[Query]:
+        """Per bucket, the rules' share of step time lost per job (and per class), averaged over the
+        bucket's evaluations; each stage's imbalance; the pipeline-stage tickets that fired. A
+        backfilled history has none of them (recording-rule results)."""
+        r = self.r
+        specs = [
+            ("step_lost", "share of step time lost",
+             f"max by ({self.by('job_id')}) (avg_over_time({STEP_TIME_LOST}[{r}]))"),
+            ("step_lost_by_class", "share of step time lost by class",
+             f"max by ({self.by('job_id', 'class')}) (avg_over_time({STEP_TIME_LOST_BY_CLASS}[{r}]))"),
+            ("stage_imbalance", "pipeline stages against the fastest",
+             f"max by ({self.by('job_id', 'stage')}) (avg_over_time({STAGE_IMBALANCE}[{r}]))"),
+            ("stage_tickets", "pipeline-stage tickets",
+             f"max by ({self.by('job_id', 'stage')}) (max_over_time({ALERTS_PIPELINE}[{r}]))"),
+        ]
+        return [Query(name, title, expr, "range") for name, title, expr in specs]
 
     def power_fallback(self) -> Query:
         return Query("power_avg", "average power",

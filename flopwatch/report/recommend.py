@@ -2,11 +2,13 @@
 
 Ordered by what they cost: GPU-hours at stake first. Nothing here is a guess beyond the figures:
 a job at low MFU, GPUs held idle, an unallocated share of the fleet, a job losing goodput to one
-cause, a node with repeated incidents, a straggler that held a job back.
+cause, a class of lost step time (a slow pipeline stage, scattered imbalance, bad workers), a node
+with repeated incidents, a straggler that held a job back.
 """
 
 from __future__ import annotations
 
+from flopwatch.report import steptime
 from flopwatch.report.facts import BADPUT_CAUSES, Facts
 from flopwatch.report.format import fmt
 from flopwatch.report.incidents import KIND_NAMES, Incident, Lemon
@@ -23,7 +25,8 @@ ADVICE = {
 
 
 def recommendations(facts: Facts, stragglers: list[Incident], lemons: list[Lemon],
-                    settings: ReportSettings) -> Section:
+                    settings: ReportSettings,
+                    step_times: dict[tuple[str, str], steptime.StepTime] | None = None) -> Section:
     t = settings.thresholds
     items: list[tuple[float, str]] = []
 
@@ -64,9 +67,12 @@ def recommendations(facts: Facts, stragglers: list[Incident], lemons: list[Lemon
                 enough(job.gpu_hours, t.min_gpu_hours / 10):
             cause = max(BADPUT_CAUSES, key=lambda c: badput[c])
             lost = badput[cause] * job.gpu_hours
+            advice = ADVICE[cause]
+            if cause == "straggler" and (job.cluster, job.job_id) in (step_times or {}):
+                advice = steptime.waiting_advice((step_times or {})[(job.cluster, job.job_id)], advice)
             items.append((lost, f"Job {job.job_id} reached {100 * job.goodput:.0f}% goodput; its largest loss is "
                                 f"{cause} ({100 * badput[cause]:.1f}% of its GPU time, {lost:,.0f} GPU-hours): "
-                                f"{ADVICE[cause]}."))
+                                f"{advice}."))
     for cf in facts.clusters.values():
         if cf.gpu_hours and cf.unallocated_hours / cf.gpu_hours >= t.idle_share and \
                 enough(cf.gpu_hours, t.min_gpu_hours):
@@ -75,6 +81,7 @@ def recommendations(facts: Facts, stragglers: list[Incident], lemons: list[Lemon
                           f"{name} left {100 * cf.unallocated_hours / cf.gpu_hours:.0f}% of its GPU-hours "
                           f"unallocated ({cf.unallocated_hours:,.0f} GPU-hours{money(cf.unallocated_hours)}): "
                           "schedule more work on them or shrink the reservation."))
+    items += steptime.recommendations(step_times or {}, settings, enough)
     for lemon in lemons:
         kinds = ", ".join(f"{KIND_NAMES.get(k, k)} ×{n}" for k, n in sorted(lemon.kinds.items()))
         items.append((1e6 + lemon.occasions, f"Drain node {lemon.node} and run diagnostics: incidents on "

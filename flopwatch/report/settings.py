@@ -11,7 +11,7 @@ recommendations are written from. Defaults < `--config FILE` (YAML) < flags.
     top_jobs_in_charts: 5      # jobs drawn in the MFU chart
     thresholds: {low_mfu: 0.30, min_gpu_hours: 100, idle_share: 0.20, goodput_low: 0.90,
                  lemon_occasions: 2, straggler_excess: 0.03, straggler_min_buckets: 1,
-                 busy_utilization: 0.10}
+                 busy_utilization: 0.10, step_time_lost: 0.05}
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Thresholds:
     straggler_excess: float = 0.03    # a rank this much slower than its job's median is straggling
     straggler_min_buckets: int = 1    # ... for at least this many buckets (score path only)
     busy_utilization: float = 0.10    # a GPU counts as busy at this utilization (as the rules do)
+    step_time_lost: float = 0.05      # a class of lost step time (worker, stage, scattered) worth naming
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def _count(value: Any, where: str) -> int:
 
 _THRESHOLD_PARSERS = {
     "low_mfu": _fraction, "idle_share": _fraction, "goodput_low": _fraction,
-    "straggler_excess": _fraction, "busy_utilization": _fraction,
+    "straggler_excess": _fraction, "busy_utilization": _fraction, "step_time_lost": _fraction,
     "lemon_occasions": _count, "straggler_min_buckets": _count,
 }
 

@@ -3,7 +3,8 @@
 Times are unix seconds. `--from/--to` take ISO 8601 (a date, or a date and time; no offset means
 UTC), unix seconds, or `now`. The grid divides the window into a few hundred buckets no finer
 than twice the sample spacing, so every bucket holds at least two samples of every series and a
-week of a large cluster is 168 points per series, not forty thousand.
+week of a large cluster is 168 points per series, not forty thousand; the buckets tile the window
+exactly, so nothing before its start is counted.
 """
 
 from __future__ import annotations
@@ -133,11 +134,17 @@ class Grid:
 
 
 def grid_for(window: Window, spacing: float | None) -> Grid:
-    """About TARGET_BUCKETS buckets, each at least twice the sample spacing and a whole minute."""
+    """About TARGET_BUCKETS buckets, each at least twice the sample spacing and a minute, that tile
+    the window exactly: a bucket reaching before the window's start would count samples from
+    before it. The step is the whole-minute step those bounds give when it divides the window
+    (a week, a day, an hour), else the next longer one that does, in whole milliseconds."""
     step = max(window.seconds / TARGET_BUCKETS, 2 * (spacing or 0), MIN_STEP_S)
     step = float(math.ceil(step / MIN_STEP_S) * MIN_STEP_S)
-    n = max(1, math.ceil(window.seconds / step - 1e-9))
-    return Grid(window.end, step, n)
+    millis = round(window.seconds * 1000)
+    n = max(1, math.floor(window.seconds / step + 1e-9))
+    while millis % n:
+        n -= 1
+    return Grid(window.end, millis / n / 1000, n)
 
 
 def format_time(t: float) -> str:
