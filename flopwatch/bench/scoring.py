@@ -267,7 +267,12 @@ def _job_span(scenario: Scenario, job_id: str) -> tuple[float, float]:
 
 
 def _windows(truth: dict[str, Any], job_id: str) -> list[tuple[float, float]]:
-    return sorted((f["start"], f["end"] + GRACE_S) for f in truth["faults"] if f["job_id"] == job_id)
+    """Fault windows (plus GRACE_S) and the steps a job did again after a restart (plus one rate
+    window): the truth's MFU counts only progress, the rules' the FLOPs the GPUs ran, so a replay
+    is no steady stretch to compare them on (its cost is scored as goodput instead)."""
+    faults = [(f["start"], f["end"] + GRACE_S) for f in truth["faults"] if f["job_id"] == job_id]
+    replays = [(a, b + RATE_WINDOW_S) for a, b in truth["jobs"].get(job_id, {}).get("replays", [])]
+    return sorted(faults + replays)
 
 
 def _subtract(span: tuple[float, float], holes: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

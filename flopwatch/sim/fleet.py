@@ -226,6 +226,7 @@ class Fleet:
                 if step.lost:
                     truth.lost_steps += 1
                     truth.add_badput("lost_progress", step.wall)
+                    truth.note_replay(step.start, step.start + step.wall)
                     continue
                 straggler = step.waiting   # per step: mean over ranks of waiting beyond the collective
                 data = float(np.median(step.phases["data"]))

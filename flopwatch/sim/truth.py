@@ -44,6 +44,7 @@ class JobTruth:
     badput_s: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     lost_steps: int = 0
+    replays: list[list[float]] = field(default_factory=list)   # [start, end] of steps done again
     stages: int = 1
     slow_stage: int | None = None  # the stage a pipeline-imbalance ticket must name (None: balanced)
     source: str = "physics"        # "trace": a replayed What-if trace, whose truth is the study's
@@ -65,6 +66,13 @@ class JobTruth:
         by_class = {cls: float(seconds / self.actual_s) for cls, seconds in self.lost_class_s.items()}
         culprit = max(by_class, key=by_class.get) if share >= CULPRIT_MIN_SHARE else "none"
         return {"culprit": culprit, "share": share, "by_class": by_class}
+
+    def note_replay(self, start: float, end: float) -> None:
+        """A step done again after a restart; consecutive ones form one interval."""
+        if self.replays and start - self.replays[-1][1] < 1e-6 + 60.0:
+            self.replays[-1][1] = end
+        else:
+            self.replays.append([start, end])
 
     def add_badput(self, cause: str, seconds: float) -> None:
         if seconds > 0:
@@ -88,6 +96,7 @@ class Truth:
             jobs[job_id] = {
                 "ranks": job.ranks, "target_mfu": job.target_mfu, "peak_flops": job.peak_flops,
                 "flops_per_step": job.flops_per_step, "steps": job.steps, "lost_steps": job.lost_steps,
+                "replays": [[round(a, 3), round(b, 3)] for a, b in job.replays],
                 "mfu": mfu, "goodput": job.productive_s / job.allocated_s if job.allocated_s else 0.0,
                 "allocated_seconds": job.allocated_s, "step_seconds": job.actual_s, "badput_seconds": job.badput_s,
                 "badput": {c: s / job.allocated_s for c, s in job.badput_s.items()} if job.allocated_s else {},
