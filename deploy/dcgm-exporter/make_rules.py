@@ -176,6 +176,10 @@ def slow_rules() -> list[dict]:
         gauge("node_gpu:flopwatch_gpu_row_remap_failed:dcgm", "DCGM_FI_DEV_ROW_REMAP_FAILURE"),
         gauge("node_gpu:flopwatch_gpu_temperature_celsius:dcgm", "DCGM_FI_DEV_GPU_TEMP"),
         gauge("node_gpu:flopwatch_gpu_power_watts:dcgm", "DCGM_FI_DEV_POWER_USAGE"),
+        # Read only by the node dashboard, at query time and for one node (`<agent series> or on (node, gpu)
+        # <this>`): a canonical record over every agent's series would cost ~5 ms per 1,000 GPUs each.
+        gauge("node_gpu:flopwatch_gpu_memory_clock_hertz:dcgm", "DCGM_FI_DEV_MEM_CLOCK", "1e6 * "),
+        gauge("node_gpu:flopwatch_gpu_memory_used_bytes:dcgm", "DCGM_FI_DEV_FB_USED", "1048576 * "),
         # Typed counter by dcgm-exporter, but DCGM's field holds a rate (MB/s over all links): read as a
         # gauge, never rate()d.
         gauge("node_gpu:flopwatch_gpu_nvlink_bytes:dcgm_rate", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "1e6 * "),

@@ -54,7 +54,23 @@ RULES: tuple[str, ...] = (
     "node_gpu:flopwatch_gpu_straggler_score:ratio", "cluster:flopwatch_gpus:count",
     "job_id_class:flopwatch_step_time_lost:ratio", "job_id_stage:flopwatch_arrival_seconds_per_step:median2m",
     "job_id_rank:flopwatch_arrival_seconds_per_step:increase30s",
+    # canonical per-GPU records (alerts/flopwatch-gpu.yml): the agent's series, else dcgm-exporter's
+    "node_gpu:flopwatch_gpu_up:max", "job_id_gpu:flopwatch_gpu_job_info:max",
+    "node_gpu:flopwatch_gpu_sm_clock_hertz:max", "node_gpu:flopwatch_gpu_sm_clock_max_hertz:max",
+    "node_gpu:flopwatch_gpu_utilization_ratio:max", "node_gpu:flopwatch_gpu_tensor_active_ratio:max",
+    "node_gpu_reason:flopwatch_gpu_clock_event_active:max", "node_gpu:flopwatch_gpu_memory_clock_hertz:dcgm",
+    "node_gpu:flopwatch_gpu_power_watts:max", "node_gpu:flopwatch_gpu_temperature_celsius:max",
+    "node_gpu:flopwatch_gpu_memory_used_bytes:dcgm", "node_gpu_xid:flopwatch_gpu_xid_errors:dcgm",
+    "node_gpu:flopwatch_gpu_ecc_uncorrected_errors:increase10m", "node_gpu:flopwatch_gpu_row_remap_failed:max",
+    "node_gpu:flopwatch_gpu_pcie_link_width:max", "node_gpu:flopwatch_gpu_pcie_link_max_width:max",
+    "node_gpu:flopwatch_gpu_pcie_link_generation:max", "node_gpu:flopwatch_gpu_pcie_link_max_generation:max",
+    "node_gpu:flopwatch_gpu_pcie_replays:rate5m", "node_gpu:flopwatch_gpu_nvlink_bytes:rate1m",
+    "node_gpu:flopwatch_gpu_nvlink_errors:sum_rate1m",
 )
+#: The canonical records of every GPU and of the job holding it: panels and variables read these, not
+#: flopwatch_gpu_up/flopwatch_gpu_job_info, so that they work on the agent and on dcgm-exporter alike.
+UP = "node_gpu:flopwatch_gpu_up:max"
+JOB_INFO = "job_id_gpu:flopwatch_gpu_job_info:max"
 
 # --- units (Grafana unit ids) -------------------------------------------------------------------
 PERCENT = "percentunit"      # 0..1 shown as %
@@ -116,19 +132,20 @@ def query_variable(name: str, label: str, query: str, description: str, *, multi
 
 
 def job_variable(*, multi: bool) -> QueryVariable:
-    return query_variable("job_id", "Job", "label_values(flopwatch_gpu_job_info, job_id)",
-                          "Training job (from flopwatch_gpu_job_info: Slurm, process environment or kubelet).",
-                          multi=multi)
+    return query_variable("job_id", "Job", f"label_values({JOB_INFO}, job_id)",
+                          "Training job holding GPUs (the agent's Slurm, process environment or kubelet "
+                          "attribution, or dcgm-exporter's hpc_job or namespace/pod).", multi=multi)
 
 
-def node_variable(selector: str = "flopwatch_gpu_up", *, multi: bool = True) -> QueryVariable:
-    return query_variable("node", "Node", f"label_values({selector}, node)", "Host name of the agent.",
-                          multi=multi)
+def node_variable(selector: str = UP, *, multi: bool = True) -> QueryVariable:
+    return query_variable("node", "Node", f"label_values({selector}, node)",
+                          "Host name (the agent's node label, or dcgm-exporter's host label).", multi=multi)
 
 
 def gpu_variable() -> QueryVariable:
-    return query_variable("gpu", "GPU", 'label_values(flopwatch_gpu_up{node=~"$node"}, gpu)',
-                          "GPU index on the node (NVML index).", multi=True)
+    return query_variable("gpu", "GPU", f'label_values({UP}{{node=~"$node"}}, gpu)',
+                          "GPU index on the node (NVML index; <gpu>.<instance> for a dcgm-exporter MIG "
+                          "instance).", multi=True)
 
 
 # --- links -----------------------------------------------------------------------------------------
@@ -228,9 +245,27 @@ def _padded(expr: str, label: str, digits: int) -> str:
     return expr
 
 
+def dcgm_total(record: str, selector: str, counter: str, label: str, by: str = "gpu") -> str:
+    """`record{selector}` summed `by`, with `label`="total", for GPUs without the agent's `counter`: the
+    part of a panel for dcgm-exporter GPUs, which report one figure per GPU where the agent splits it
+    by direction or kind. `or` it with the agent's query; "total" never meets the agent's values."""
+    return (f'label_replace(sum by ({by}) ({record}{{{selector}}} unless on (node, gpu) {counter}{{{selector}}}), '
+            f'"{label}", "total", "", "")')
+
+
+def dcgm_xids(selector: str, window: str = "") -> str:
+    """dcgm-exporter's new XIDs (1 for the 5 minutes after its last-XID gauge shows a new code; the
+    most over `window` when given) on GPUs the agent does not report: `or` it with the agent's
+    counters, whose XIDs a fresh Prometheus also counts (the alerts' record does not)."""
+    record = f"node_gpu_xid:flopwatch_gpu_xid_errors:dcgm{{{selector}}}"
+    if window:
+        record = f"max_over_time({record}[{window}])"
+    return f"({record} unless on (node, gpu) flopwatch_gpu_up{{{selector}}})"
+
+
 def on_job_gpus(expr: str) -> str:
     """Keep only series of GPUs the selected job holds (set filter: no many-to-many risk)."""
-    return f'{expr} and on (node, gpu) flopwatch_gpu_job_info{{job_id=~"$job_id"}}'
+    return f'{expr} and on (node, gpu) {JOB_INFO}{{job_id=~"$job_id"}}'
 
 
 # --- panels --------------------------------------------------------------------------------------

@@ -45,10 +45,10 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query("cluster:flopwatch_gpus:count", "{{state}}")),
         c.stat_panel(
             "GPUs lost", "GPUs whose agent cannot read them (fallen off the bus, hung, timing out): "
-            "flopwatch_gpu_up == 0. Any is a page (FlopWatchGpuLost).", c.COUNT, width=4)
+            "the canonical up record is 0. Any is a page (FlopWatchGpuLost).", c.COUNT, width=4)
         .thresholds(c.thresholds(c.GREEN, (1, c.RED)))
         .links(board.runbooks("FlopWatchGpuLost"))
-        .with_target(c.query("sum(1 - flopwatch_gpu_up)", "lost")),
+        .with_target(c.query(f"sum(1 - {c.UP})", "lost")),
     )
 
     board.row("MFU and goodput by job")
@@ -73,9 +73,11 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     )
     jobs = (
         c.table_panel(
-            "Jobs", "Every job with its GPUs, MFU, HFU, goodput and step time right now. Click a job for "
-            "its dashboard.", c.COUNT, columns=["job_id", "user"], width=24, height=7)
-        .with_target(c.query(f"count by (job_id, user) (flopwatch_gpu_job_info{JOB})", ref="A",
+            "Jobs", "Every job with its GPUs, MFU, HFU, goodput and step time right now (user where the "
+            "agent attributes jobs; dcgm-exporter has none). Click a job for its dashboard.", c.COUNT,
+            columns=["job_id", "user"], width=24, height=7)
+        .with_target(c.query(f"count by (job_id, user) (flopwatch_gpu_job_info{JOB}) or on (job_id) "
+                             f"count by (job_id) ({c.JOB_INFO}{JOB})", ref="A",
                              instant=True, table_format=True))
         .with_target(c.query(f"job_id:flopwatch_mfu:ratio{JOB}", ref="B", instant=True, table_format=True))
         .with_target(c.query(f"job_id:flopwatch_hfu:ratio{JOB}", ref="C", instant=True, table_format=True))
@@ -100,10 +102,11 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .links(board.runbooks("FlopWatchIdleAllocatedGpus"))
         .with_target(c.query("cluster:flopwatch_gpus:count", "{{state}}")),
         c.timeseries_panel(
-            "GPU power", "Board power drawn by all GPUs against the sum of their enforced limits. Power "
-            "far below the limit while jobs run means GPUs wait (data, communication, stragglers).",
+            "GPU power", "Board power drawn by all GPUs against the sum of their enforced limits (limits "
+            "from the agent only). Power far below the limit while jobs run means GPUs wait (data, "
+            "communication, stragglers).",
             c.WATTS, width=8)
-        .with_target(c.query("sum(flopwatch_gpu_power_watts)", "power", "A"))
+        .with_target(c.query("sum(node_gpu:flopwatch_gpu_power_watts:max)", "power", "A"))
         .with_target(c.query("sum(flopwatch_gpu_power_limit_watts)", "limit", "B")),
         c.stat_panel(
             "GPU energy in range", "Energy the GPUs used over the dashboard's time range (NVML total "

@@ -36,7 +36,7 @@ def _outliers(title: str, description: str, unit: str, metric: str, pick: str):
 
 def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     variables = [c.job_variable(multi=False),
-                 c.node_variable(f"flopwatch_gpu_job_info{JOB}"), c.gpu_variable()]
+                 c.node_variable(f"{c.JOB_INFO}{JOB}"), c.gpu_variable()]
     board = c.Board(UID, TITLE, "One training job: MFU, step time, stragglers, badput and its GPUs.",
                     variables, docs_url=docs_url)
     to_gpu = c.drill_link("Node ${__field.labels.node} GPU ${__field.labels.gpu}", "flopwatch-node",
@@ -223,26 +223,29 @@ def _gpus(board: c.Board, to_gpu: c.DashboardLink) -> None:
         _outliers(
             "SM clock: slowest GPUs", "The eight lowest SM clocks among the job's GPUs (narrow with the node "
             "and GPU variables) against the job's median. A GPU clocking below its peers is throttled: the "
-            "throttle-reason timeline says why.", c.HERTZ, "flopwatch_gpu_sm_clock_hertz", "bottomk")
+            "throttle-reason timeline says why.", c.HERTZ, "node_gpu:flopwatch_gpu_sm_clock_hertz:max", "bottomk")
         .data_links([to_gpu]),
         c.state_timeline_panel(
             "Throttle reasons", "Clock-event reasons holding a GPU of the job below its requested clock, "
             "only while active: sw_thermal/hw_thermal (too hot), sw_power_cap/hw_power_brake (power), "
-            "hw_slowdown (hardware protection). A single GPU here while its rank scores high is the "
+            "hw_slowdown (hardware protection), clock_below_max (dcgm-exporter without its clock-event bitmask: a "
+            "busy GPU under 90% of its model's maximum clock). A single GPU here while its rank scores high is the "
             "corroborated straggler cause.", c.COUNT,
             {"1": ("active", c.RED)})
         .links(board.runbooks("FlopWatchGpuThrottled", "FlopWatchStraggler"))
         .with_target(c.query(c.on_job_gpus(
-            f'flopwatch_gpu_clock_event_active{{{GPUS}, reason!="idle"}} == 1'), "{{node}} GPU {{gpu}} {{reason}}")),
+            f'node_gpu_reason:flopwatch_gpu_clock_event_active:max{{{GPUS}, reason!="idle"}} == 1'),
+            "{{node}} GPU {{gpu}} {{reason}}")),
         _outliers(
             "GPU temperature: hottest GPUs", "The eight hottest of the job's GPUs against the job's median. "
             "One GPU hotter than its neighbours (cooling, airflow) throttles first.", c.CELSIUS,
-            "flopwatch_gpu_temperature_celsius", "topk")
+            "node_gpu:flopwatch_gpu_temperature_celsius:max", "topk")
         .data_links([to_gpu]),
         _outliers(
             "GPU power: lowest-drawing GPUs", "The eight GPUs of the job drawing the least power against the "
             "job's median. One far below its peers is power-capped or waiting; all far below their limits "
-            "means the job waits (data, communication, a straggler).", c.WATTS, "flopwatch_gpu_power_watts",
+            "means the job waits (data, communication, a straggler).", c.WATTS,
+            "node_gpu:flopwatch_gpu_power_watts:max",
             "bottomk")
         .data_links([to_gpu]),
     )

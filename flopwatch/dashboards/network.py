@@ -37,9 +37,12 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             "{{device}} {{direction}}")),
         c.timeseries_panel(
             "NVLink throughput per GPU", "NVLink bytes per second by GPU index (one rail each) summed over "
-            "the selected nodes, by direction.", c.BYTES_PER_SECOND)
+            "the selected nodes, by direction (dcgm-exporter: both directions together, direction total).",
+            c.BYTES_PER_SECOND)
         .with_target(c.query(
-            f"sum by (gpu, direction) (rate(flopwatch_gpu_nvlink_bytes_total{{{NODE}}}[$__rate_interval]))",
+            f"sum by (gpu, direction) (rate(flopwatch_gpu_nvlink_bytes_total{{{NODE}}}[$__rate_interval])) or "
+            + c.dcgm_total("node_gpu:flopwatch_gpu_nvlink_bytes:rate1m", NODE,
+                           "flopwatch_gpu_nvlink_bytes_total", "direction"),
             "GPU {{gpu}} {{direction}}")),
         c.timeseries_panel(
             "Busiest ports: transmit over negotiated rate", "The ten ports sending closest to their "
@@ -88,12 +91,12 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             f"topk(10, rate(flopwatch_nic_xmit_wait_total{{{NODE}}}[$__rate_interval]))", PORT)),
         c.timeseries_panel(
             "NVLink errors per GPU", "NVLink replay, recovery and CRC errors per second summed over each "
-            "GPU's links, the ten highest. FlopWatchNvlinkErrors pages above 1/s for 30 s.", c.PER_SECOND,
+            "GPU's links over 1 minute, the ten highest. FlopWatchNvlinkErrors pages above 1/s for 30 s.", c.PER_SECOND,
             width=24, show_thresholds=True)
         .thresholds(c.thresholds(c.GREEN, (1, c.RED)))
         .links(board.runbooks("FlopWatchNvlinkErrors"))
         .with_target(c.query(
-            f"topk(10, sum by (node, gpu) (rate(flopwatch_gpu_nvlink_errors_total{{{NODE}}}[$__rate_interval])))",
+            f"topk(10, node_gpu:flopwatch_gpu_nvlink_errors:sum_rate1m{{{NODE}}})",
             "{{node}} GPU {{gpu}}")),
     )
 

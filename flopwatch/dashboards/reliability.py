@@ -29,24 +29,29 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     board.add(
         c.timeseries_panel(
             "XIDs by code", "XID errors per interval by code over the selected nodes (a GPU's first XID "
-            "counts too). Critical codes (48 double-bit ECC, 62, 64, 74 NVLink, 79 fallen off the bus, 94, "
+            "counts too; dcgm-exporter's GPUs: 1 for 5 minutes after a new last-XID code). Critical codes (48 "
+            "double-bit ECC, 62, 64, 74 NVLink, 79 fallen off the bus, 94, "
             "95, 119, 120) page; the rest ticket. NVIDIA's Xid catalogue has every code.", c.COUNT,
             width=16, bars=True)
         .links(board.runbooks("FlopWatchGpuXidCritical", "FlopWatchGpuXid"))
-        .with_target(c.query(f"sum by (xid) ({c.increase_with_new(XIDS, '$__rate_interval')})", "XID {{xid}}")),
+        .with_target(c.query(f"sum by (xid) ({c.increase_with_new(XIDS, '$__rate_interval')} or "
+                             f"{c.dcgm_xids(NODE.strip('{}'))})", "XID {{xid}}")),
         c.stat_panel(
-            "GPUs lost now", "GPUs the agents cannot read (flopwatch_gpu_up == 0), with the trend. A "
+            "GPUs lost now", "GPUs that cannot be read (the agent reports them down, or their dcgm-exporter "
+            "series stopped while its target is up), with the trend. A "
             "synchronous job on a lost GPU cannot step.", c.COUNT, width=8)
         .thresholds(c.thresholds(c.GREEN, (1, c.RED)))
         .links(board.runbooks("FlopWatchGpuLost"))
-        .with_target(c.query(f"sum(1 - flopwatch_gpu_up{NODE})", "lost")),
+        .with_target(c.query(f"sum(1 - {c.UP}{NODE})", "lost")),
     )
     xids = (
         c.table_panel(
             "XIDs in range by GPU", "Every GPU that reported an XID in the dashboard's time range, with the "
-            "code and count. Click the node or GPU for its telemetry.", c.COUNT,
+            "code and count (from the agent's counters; dcgm-exporter's GPUs: 1 per code new in the range). "
+            "Click the node or GPU for its telemetry.", c.COUNT,
             columns=["node", "gpu", "xid"])
-        .with_target(c.query(f"sum by (node, gpu, xid) ({c.increase_with_new(XIDS, '$__range')})",
+        .with_target(c.query(f"sum by (node, gpu, xid) ({c.increase_with_new(XIDS, '$__range')}) "
+                             f"or {c.dcgm_xids(NODE.strip('{}'), '$__range')}",
                              instant=True, table_format=True))
         .sort_by([c.sort_desc("XIDs")])
     )
@@ -54,23 +59,26 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     xids = c.column_links(c.column_links(xids, "node", [to_gpu]), "gpu", [to_gpu])
     lost = (
         c.table_panel(
-            "Lost GPUs", "GPUs the agents cannot read right now, with the job that held them.", c.COUNT,
+            "Lost GPUs", "GPUs that cannot be read right now, with the job that held them (the agent "
+            "keeps a lost GPU's job; dcgm-exporter's job labels go with its series).", c.COUNT,
             columns=["node", "gpu", "job_id"], hide=["Value #A", "Value #B", "user"])
-        .with_target(c.query(f"flopwatch_gpu_up{NODE} == 0", ref="A", instant=True, table_format=True))
-        .with_target(c.query(f"flopwatch_gpu_job_info{NODE} and on (node, gpu) flopwatch_gpu_up == 0", ref="B",
+        .with_target(c.query(f"{c.UP}{NODE} == 0", ref="A", instant=True, table_format=True))
+        .with_target(c.query(f"{c.JOB_INFO}{NODE} and on (node, gpu) {c.UP} == 0", ref="B",
                              instant=True, table_format=True))
     )
     board.add(xids, c.column_links(lost, "node", [to_gpu]).links(board.runbooks("FlopWatchGpuLost")))
     board.add(
         c.timeseries_panel(
-            "Memory errors", "Uncorrectable ECC errors per interval, and GPUs with a row remap waiting for "
-            "a reset (pending) or failed (no spare rows: replace the GPU), over the selected nodes.", c.COUNT,
+            "Memory errors", "Uncorrectable ECC errors in the last 10 minutes, and GPUs with a row remap "
+            "waiting for a reset (pending, agent only) or failed (no spare rows: replace the GPU), over the "
+            "selected nodes.", c.COUNT,
             width=24)
         .links(board.runbooks("FlopWatchGpuEccUncorrected", "FlopWatchGpuRowRemapFailure"))
-        .with_target(c.query(f"sum(increase(flopwatch_gpu_ecc_uncorrected_errors_total{NODE}[$__rate_interval]))",
+        .with_target(c.query(f"sum(node_gpu:flopwatch_gpu_ecc_uncorrected_errors:increase10m{NODE})",
                              "uncorrected ECC errors", "A"))
         .with_target(c.query(f"sum(flopwatch_gpu_row_remap_pending{NODE})", "GPUs with a remap pending", "B"))
-        .with_target(c.query(f"sum(flopwatch_gpu_row_remap_failed{NODE})", "GPUs with a failed remap", "C")),
+        .with_target(c.query(f"sum(node_gpu:flopwatch_gpu_row_remap_failed:max{NODE})", "GPUs with a failed remap",
+                             "C")),
     )
 
     board.row("Jobs: interruptions, checkpoints, goodput")

@@ -15,27 +15,23 @@ columns of each table appear in its results; and every query (substituted) passe
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flopwatch import dashboards
-from flopwatch.dashboards.common import LEGEND_LABEL
-from flopwatch.promql import PromClient, PromError, Sample
+from flopwatch.promql import PromClient, Sample
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import parse
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
-from flopwatch.stack.process import require_binary
+from integration import dashboard_checks as checks
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-RULE_FILES = sorted(p for p in (ROOT / "alerts").glob("*.yml") if p.name != "alertmanager.yml")
+RULE_FILES = checks.RULE_FILES
 MODEL = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
 SCENARIO = {
     "name": "dashboards", "seed": 5, "duration": "1h", "scrape_interval": "1s",
@@ -65,8 +61,7 @@ VARIABLES = {
     "flopwatch-network": {"node": ALL},
     "flopwatch-reliability": {"job_id": ALL, "node": ALL},
 }
-#: Grafana's $__rate_interval for a 1 s scrape interval and $__range for the checked span.
-BUILTINS = {"__rate_interval": "10s", "__range": "5m", "__interval": "2s"}
+BUILTINS = checks.BUILTINS
 #: Table columns the scenario cannot fill while the test runs, and why.
 UNFILLED_COLUMNS = {
     ("flopwatch-fleet", "FlopWatch alerts", "device"):
@@ -75,36 +70,11 @@ UNFILLED_COLUMNS = {
 DEADLINE_S = 75
 
 
-def substitute(expr: str, values: dict[str, str]) -> str:
-    expr = dashboards.expand(expr, {**values, **BUILTINS})
-    assert "$" not in expr.replace("$1", ""), f"unsubstituted variable in {expr}"
-    return expr
-
-
-def all_targets() -> list[tuple[str, dict, dict, str]]:
-    """(dashboard uid, panel, target, substituted expr) for every query of every dashboard."""
-    out = []
-    for uid, dashboard in dashboards.build_all().items():
-        for panel in dashboards.panels(dashboard):
-            for target in panel.get("targets", []):
-                out.append((uid, panel, target, substitute(target["expr"], VARIABLES[uid])))
-    return out
-
-
-TARGETS = all_targets()
+TARGETS = checks.all_targets(VARIABLES)
 
 
 def test_every_query_passes_promtool_parsing(tmp_path: Path) -> None:
-    """Each substituted query as a recording rule; `promtool check rules` parses them all."""
-    promtool = require_binary("promtool", "prometheus")
-    rules = [{"record": f"dashboard:{uid.replace('-', '_')}:panel{panel['id']}_{target['refId']}", "expr": expr}
-             for uid, panel, target, expr in TARGETS]
-    path = tmp_path / "dashboard-queries.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}))
-    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
-                            timeout=60, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+    checks.promtool_parses(TARGETS, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -130,52 +100,9 @@ def prometheus(tmp_path_factory):
         server.stop()
 
 
-def check_target(client: PromClient, start: float, panel: dict, target: dict, expr: str) -> tuple[str, list]:
-    """'' when the target returns series with its legend's labels, else what is wrong; and the series."""
-    try:
-        if target.get("instant"):
-            series = [s.labels for s in client.query(expr)]
-        else:
-            now = time.time()
-            series = [s["metric"] for s in client.query_range(expr, start, now, 2)]
-    except PromError as error:
-        return f"error: {error}", []
-    if not series:
-        return "no series", []
-    wanted = set(LEGEND_LABEL.findall(target.get("legendFormat", "")))
-    missing = sorted({label for labels in series for label in wanted if label not in labels})
-    if missing:
-        return f"series without legend label(s) {missing}", series
-    return "", series
-
-
-def table_columns(panel: dict) -> list[str]:
-    for transformation in panel.get("transformations", []):
-        if transformation["id"] == "organize":
-            return list(transformation["options"]["indexByName"])
-    return []
-
-
 def test_every_panel_query_returns_series_with_its_labels(prometheus) -> None:
     client, start = prometheus
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        problems, seen = [], {}
-        for uid, panel, target, expr in TARGETS:
-            problem, series = check_target(client, start, panel, target, expr)
-            key = (uid, panel["title"])
-            seen.setdefault(key, set()).update(label for labels in series for label in labels)
-            if problem:
-                problems.append(f"{uid} / {panel['title']} / {target['refId']}: {problem}\n    {expr[:300]}")
-        for uid, dashboard in dashboards.build_all().items():
-            for panel in dashboards.panels(dashboard):
-                for column in table_columns(panel):
-                    if column not in seen[(uid, panel["title"])] and (uid, panel["title"], column) \
-                            not in UNFILLED_COLUMNS:
-                        problems.append(f"{uid} / {panel['title']}: no series has the column label {column!r}")
-        if not problems or time.monotonic() > deadline:
-            break
-        time.sleep(3)
+    problems = checks.until_clean(client, start, TARGETS, UNFILLED_COLUMNS, DEADLINE_S)
     assert not problems, f"{len(problems)} of {len(TARGETS)} queries fail:\n" + "\n".join(problems)
 
 
@@ -191,9 +118,9 @@ def test_variables_cover_what_the_dashboards_use() -> None:
 
 
 def expr_of(uid: str, title: str, ref: str = "A") -> tuple[dict, str]:
-    for _, panel, target, expr in TARGETS:
-        if (_, panel["title"], target["refId"]) == (uid, title, ref):
-            return target, expr
+    for t in TARGETS:
+        if (t.uid, t.panel["title"], t.target["refId"]) == (uid, title, ref):
+            return t.target, t.expr
     raise AssertionError(f"{uid} has no panel {title!r} with query {ref}")
 
 

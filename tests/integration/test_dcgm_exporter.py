@@ -4,41 +4,25 @@ matches the value computed by hand for each label generation.
 
 Faked, because no GPU or DCGM runs here: dcgm-exporter itself. Its /metrics bodies come from
 tests/fixtures/dcgm_exporter/make.py, written from dcgm-exporter's source (README there), and are
-served over loopback by a small HTTP server in this test; the fault switches on after the broken
+served over loopback (integration/dcgm_serving.py); the fault switches on after the broken
 node's healthy state has been scraped, as an XID or a lost GPU arrives on a running exporter.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from flopwatch.promql import PromClient
 from flopwatch.stack import Prometheus
+from integration.dashboard_checks import RULE_FILES
+from integration.dcgm_serving import FIX, serve
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-RULE_FILES = sorted(p for p in (ROOT / "alerts").glob("*.yml") if p.name != "alertmanager.yml")
 DEADLINE_S = 90
 
-
-def _fixtures():
-    spec = importlib.util.spec_from_file_location("dcgm_fixtures", ROOT / "tests/fixtures/dcgm_exporter/make.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-FIX = _fixtures()
 #: One node per label generation (healthy), and one broken node on FlopWatch's counters file.
 NODES = {
     "v4": FIX.Node(host="dgx01", generation="v4-Hostname", job="j1"),
@@ -50,43 +34,20 @@ NODES = {
 JOB_IDS = {"v4": "j1", "v4lower": "j2", "expfmt": "training/j3-worker-0", "nohost": "j4", "broken": "j9"}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        node = NODES.get(self.path.strip("/").split("/")[0])
-        if node is None:
-            self.send_error(404)
-            return
-        node.tick += 1
-        body = FIX.render(node).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def prometheus():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    scrape = [{"job_name": f"dcgm-{name}", "metrics_path": f"/{name}/metrics",
-               "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]} for name in NODES]
-    prom = Prometheus(scrape, rule_files=RULE_FILES)
-    try:
-        prom.start()
-        client = PromClient(prom.url)
-        _wait(lambda: client.query("count(node_gpu:flopwatch_gpu_up:max == 1)")
-              and client.query("count(node_gpu:flopwatch_gpu_up:max == 1)")[0].value >= 40, "GPUs to be up")
-        time.sleep(5)                       # the broken node's healthy state is in the TSDB
-        NODES["broken"].broken = True
-        yield client
-    finally:
-        prom.stop()
-        server.shutdown()
+    with serve(NODES) as scrape:
+        prom = Prometheus(scrape, rule_files=RULE_FILES)
+        try:
+            prom.start()
+            client = PromClient(prom.url)
+            _wait(lambda: client.query("count(node_gpu:flopwatch_gpu_up:max == 1)")
+                  and client.query("count(node_gpu:flopwatch_gpu_up:max == 1)")[0].value >= 40, "GPUs to be up")
+            time.sleep(5)                       # the broken node's healthy state is in the TSDB
+            NODES["broken"].broken = True
+            yield client
+        finally:
+            prom.stop()
 
 
 def _wait(condition, what: str) -> None:
