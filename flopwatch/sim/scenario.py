@@ -326,13 +326,18 @@ def _pipeline(r: _Reader, ranks: int) -> PipelineSpec | None:
 
 
 def _trace(r: _Reader, base: Path) -> TraceSpec | None:
-    """`trace: PATH` (relative to the scenario file) with `time_scale` and `loop`; read once to check it."""
+    """`trace: PATH` (relative to the scenario file) or `trace: whatif:AR` (a trace FlopWatch ships),
+    with `time_scale` and `loop`; read once to check it."""
     if not r.has("trace"):
         return None
     from flopwatch.traces import whatif
 
-    path = Path(r.text("trace"))
-    path = path if path.is_absolute() else (base / path).resolve()
+    text = r.text("trace")
+    if text.startswith(whatif.SHIPPED_PREFIX):
+        path = whatif.shipped(text.removeprefix(whatif.SHIPPED_PREFIX))
+    else:
+        path = Path(text)
+        path = path if path.is_absolute() else (base / path).resolve()
     try:
         trace = whatif.load_cached(path)
     except whatif.TraceError as error:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,18 @@ PHASE_OPS: dict[str, tuple[str, ...]] = {
     "optimizer": ("optimizer", "optimizer-clip-main-grad"),
     "other": ("gc",),
 }
+
+
+#: `trace: whatif:AR` in a scenario: one of the study's traces that ship with FlopWatch.
+SHIPPED_PREFIX = "whatif:"
+SHIPPED = ("AR", "SE", "ST")
+
+
+def shipped(name: str) -> Path:
+    """The packaged trace-<name>.parquet (its result, meta and M_S/M_W files lie beside it)."""
+    if name not in SHIPPED:
+        raise TraceError(f"{SHIPPED_PREFIX}{name}: no such shipped trace (shipped: {', '.join(SHIPPED)})")
+    return Path(str(resources.files("flopwatch.traces") / "whatif_data" / f"trace-{name}.parquet"))
 
 
 class TraceError(ValueError):

@@ -1,4 +1,5 @@
-"""The three published What-if traces (OSDI'25) replayed end to end: each worker's steps through the
+"""The three published What-if traces (OSDI'25; shipped in flopwatch/traces/whatif_data) replayed
+end to end: each worker's steps through the
 training client (`StepMonitor.record_step`, with its pipeline stage and data-parallel rank), real
 Unix datagram sockets, the agent's own step intake, and the shipped rules in a real Prometheus
 (remote write, faster than wall-clock). The study's results are the truth: which worker or stage
@@ -21,7 +22,6 @@ from flopwatch.traces import whatif
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = (ROOT / "../shared/traces/what-if").resolve()
 #: Step times after scaling: AR 4.7 s, ST 2.2 s, SE 4.6 s.
 SCALES = {"AR": 10.0, "ST": 1.0, "SE": 2.0}
 #: Long enough for the 10-minute hold of the pipeline ticket and a full 5-minute window after it.
@@ -31,19 +31,16 @@ TOLERANCE = 0.05
 
 @pytest.fixture(scope="module")
 def result() -> ReplayResult:
-    if not (TRACES / "trace-ST.parquet").is_file():
-        pytest.fail(f"the What-if traces are missing: expected {TRACES}/trace-{{AR,ST,SE}}.parquet "
-                    "(shared/ beside the checkout)")
-    jobs = [ReplayedJob(name, whatif.load(TRACES / f"trace-{name}.parquet"), scale) for name, scale in SCALES.items()]
+    jobs = [ReplayedJob(name, whatif.load(whatif.shipped(name)), scale) for name, scale in SCALES.items()]
     return replay(jobs, ROOT / "alerts", MINUTES * 60)
 
 
 def _study(name: str) -> whatif.StudyResult:
-    return whatif.study_result(TRACES / f"result-{name}.json")
+    return whatif.study_result(whatif.shipped(name).with_name(f"result-{name}.json"))
 
 
 def test_ar_pages_the_one_bad_worker_and_nobody_else(result: ReplayResult):
-    trace = whatif.load(TRACES / "trace-AR.parquet")
+    trace = whatif.load(whatif.shipped("AR"))
     bad = next(w for w in trace.workers if (w.dp_rank, w.stage) == (0, 0))
     pages = result.fired("FlopWatchStraggler", "AR")
     assert [(page["rank"], page["stage"], page["dp_rank"]) for page in pages] == [(str(bad.rank), "0", "0")]
