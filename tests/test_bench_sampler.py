@@ -131,13 +131,12 @@ def test_recorder_keeps_only_selected_series():
 
 def test_fast_reader_equals_the_agents_for_a_pipeline_job_and_a_trace_job():
     """Stage and dp_rank labels, the comm floor gauge, and a trace job whose last node is half used."""
-    traces = (Path(__file__).resolve().parents[1] / "../shared/traces/what-if").resolve()
+    from flopwatch.traces import whatif
+
     jobs = [{"id": "p", "nodes": "0-3", "model": MODEL, "tokens_per_step": 262144, "target_mfu": 0.4,
              "pipeline": {"stages": 4, "stage_weights": [1, 1, 1, 1.3], "micro_batches": 8},
              "sequence_imbalance": 0.2}]
-    if (traces / "trace-ST.parquet").is_file():
-        jobs.append({"id": "st", "nodes": "4-5", "trace": str(traces / "trace-ST.parquet"), "loop": True,
-                     "time_scale": 0.5})
+    jobs.append({"id": "st", "nodes": "4-5", "trace": str(whatif.shipped("ST")), "loop": True, "time_scale": 0.5})
     scenario = parse({"name": "pipes", "seed": 2, "duration": "10m",
                       "fleet": {"nodes": 6, "gpus_per_node": 4, "nics_per_node": 2}, "jobs": jobs,
                       "faults": [{"kind": "thermal_throttle", "node": 1, "gpu": 1, "start": "1m", "duration": "5m"}]})

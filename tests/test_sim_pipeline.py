@@ -9,9 +9,10 @@ import pytest
 
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import ScenarioError, parse
+from flopwatch.traces import whatif
 
 MODEL = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
-TRACES = (Path(__file__).resolve().parents[1] / "../shared/traces/what-if").resolve()
+TRACES = whatif.shipped("AR").parent     # the study's traces as FlopWatch ships them
 
 
 def scenario(faults=(), **job):

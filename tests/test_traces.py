@@ -10,15 +10,12 @@ import pytest
 from flopwatch.traces import whatif
 from flopwatch.train.wire import PHASE_INDEX
 
-REPO = Path(__file__).resolve().parent.parent
-TRACES = (REPO / "../shared/traces/what-if").resolve()
+#: The study's traces as FlopWatch ships them (copied unchanged from the study's artifact).
+TRACES = whatif.shipped("AR").parent
 
 
 @pytest.fixture(scope="module")
 def traces() -> dict[str, whatif.Trace]:
-    if not (TRACES / "trace-ST.parquet").is_file():
-        pytest.fail(f"the What-if traces are missing: expected {TRACES}/trace-{{AR,ST,SE}}.parquet "
-                    "(shared/ beside the checkout)")
     return {name: whatif.load(TRACES / f"trace-{name}.parquet") for name in ("AR", "ST", "SE")}
 
 
