@@ -334,7 +334,8 @@ def _jobs(results: Results, settings: ReportSettings, grid: Grid,
     job_energy = m("job_energy", grid, label, "job_id")
     job_flops = m("job_flops", grid, label, "job_id")
     wait = straggler_wait(m("straggler_arrivals", grid, label, "job_id", "rank", "node", "gpu"),
-                          m("job_steps", grid, label, "job_id"))
+                          m("job_steps", grid, label, "job_id"), m("step_lost", grid, label, "job_id"),
+                          m("job_phases", grid, label, "job_id", "phase"))
 
     jobs: dict[tuple[str, str], JobFacts] = {}
 
@@ -442,24 +443,46 @@ def _clusters(results: Results, settings: ReportSettings, window: Window, grid: 
     return clusters
 
 
-def straggler_wait(arrivals: dict[tuple[str, ...], np.ndarray],
-                   steps: dict[tuple[str, ...], np.ndarray]) -> dict[tuple[str, str], float]:
-    """Rank-seconds each job's ranks waited for their slowest rank: per bucket, (slowest rank's
-    arrival - mean rank's) per step x ranks x steps. In synchronous training every rank's comm wait
-    is the slowest arrival minus its own, so this is the rules' mean-minus-minimum comm wait."""
+def straggler_wait(arrivals: dict[tuple[str, ...], np.ndarray], steps: dict[tuple[str, ...], np.ndarray],
+                   lost: dict[tuple[str, ...], np.ndarray] | None = None,
+                   phases: dict[tuple[str, ...], np.ndarray] | None = None) -> dict[tuple[str, str], float]:
+    """Rank-seconds each job's ranks waited for slower ranks.
+
+    Where the rules recorded the share of step time lost (`job_id:flopwatch_step_time_lost:ratio`:
+    waiting beyond the collective's own time, step by step), a bucket's wait is that share of the
+    job's rank-seconds in steps. Elsewhere (a history without the rules) it is what the bucket's
+    arrivals show: (slowest rank's arrival - mean rank's) per step x ranks x steps, which misses
+    the waits of a slowest rank that changes from step to step."""
     by_job: dict[tuple[str, str], list[np.ndarray]] = {}
     for key, values in arrivals.items():
         by_job.setdefault((key[0], key[1]), []).append(values)
+    stepping: dict[tuple[str, str], np.ndarray] = {}
+    for key, values in (phases or {}).items():
+        stepping[key[:2]] = np.nansum([stepping.get(key[:2], np.zeros(values.shape)), values], axis=0)
     out = {}
-    for job, rows in by_job.items():
-        stack = np.vstack(rows)
-        ranks = np.isfinite(stack).sum(axis=0)
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # buckets where no rank stepped
-            per_step = np.nanmax(stack, axis=0) - np.nanmean(stack, axis=0)
-        job_steps = steps.get(job, np.full(stack.shape[1], np.nan))
-        out[job] = float(np.nansum(per_step * ranks * job_steps))
+    for job in set(by_job) | set(lost or {}):
+        from_arrivals = _arrival_wait(by_job[job], steps.get(job)) if job in by_job else None
+        recorded = (lost or {}).get(job)
+        if recorded is not None and job in stepping:
+            from_rules = recorded * stepping[job]
+            use = np.isfinite(from_rules)
+            rest = from_arrivals[~use] if from_arrivals is not None else np.zeros(0)
+            out[job] = float(np.nansum(from_rules[use]) + np.nansum(rest))
+        elif from_arrivals is not None:
+            out[job] = float(np.nansum(from_arrivals))
     return out
+
+
+def _arrival_wait(rows: list[np.ndarray], job_steps: np.ndarray | None) -> np.ndarray:
+    """Per bucket: (slowest rank's arrival - mean rank's) per step x ranks x steps."""
+    stack = np.vstack(rows)
+    ranks = np.isfinite(stack).sum(axis=0)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # buckets where no rank stepped
+        per_step = np.nanmax(stack, axis=0) - np.nanmean(stack, axis=0)
+    if job_steps is None:
+        job_steps = np.full(stack.shape[1], np.nan)
+    return per_step * ranks * job_steps
 
 
 def previous(results: Results, settings: ReportSettings, window: Window, grid: Grid, spacing: float) -> Previous:
