@@ -286,9 +286,9 @@ def test_trace_jobs_are_scored_against_the_study_in_their_own_row():
 def test_the_worker_a_traces_study_blames_is_a_fault_only_its_page_detects(tmp_path):
     from flopwatch.sim.fleet import Fleet
 
-    trace = SUITE.parent.parent.parent / "shared" / "traces" / "what-if" / "trace-AR.parquet"
-    if not trace.is_file():
-        pytest.fail(f"the What-if traces are missing: expected {trace.resolve()}")
+    from flopwatch.traces import whatif
+
+    trace = whatif.shipped("AR")
     (tmp_path / "s.yml").write_text("")
     sc = parse({"name": "ar", "duration": "20m", "fleet": {"nodes": 2, "gpus_per_node": 8},
                 "jobs": [{"id": "ar", "trace": str(trace), "loop": True}]}, str(tmp_path / "s.yml"))

@@ -211,6 +211,10 @@ def test_agent_restart_counters_restart_cleanly_and_the_rules_stay_quiet(tmp_pat
         started = time.time()
         wait_until(lambda: len(client.query('flopwatch_train_steps_total{job_id="restart-job"}')) == 2, 20,
                    "both ranks in Prometheus")
+        # MFU comes through three rule groups (GPU records, peaks, MFU); on a loaded machine its first
+        # value can take longer than the 15 s the check below skips, so the restart waits for it.
+        wait_until(lambda: client.query('job_id:flopwatch_mfu:ratio{job_id="restart-job"}'), 60, "MFU recorded")
+        mfu_from = max(time.time(), started + 15)
         time.sleep(6)
         agent.kill()
         killed = time.time()
@@ -248,7 +252,7 @@ def test_agent_restart_counters_restart_cleanly_and_the_rules_stay_quiet(tmp_pat
         # The recording rules: MFU stays at the job's true MFU through the restart, never above.
         peak = client.scalar('max(flopwatch_gpu_peak_dense_flops{dtype="bf16"})')
         true_mfu = true_steps_per_s * trainers.flops_per_step / (2 * peak)
-        mfu = client.query_range('job_id:flopwatch_mfu:ratio{job_id="restart-job"}', started + 15, ended, 1)
+        mfu = client.query_range('job_id:flopwatch_mfu:ratio{job_id="restart-job"}', mfu_from, ended, 1)
         assert mfu, "no MFU recorded"
         recorded = [float(v) for _, v in mfu[0]["values"]]
         assert max(recorded) <= 1.3 * true_mfu and min(recorded) >= 0, (true_mfu, min(recorded), max(recorded))
