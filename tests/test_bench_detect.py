@@ -285,7 +285,6 @@ def test_trace_jobs_are_scored_against_the_study_in_their_own_row():
 
 def test_the_worker_a_traces_study_blames_is_a_fault_only_its_page_detects(tmp_path):
     from flopwatch.sim.fleet import Fleet
-
     from flopwatch.traces import whatif
 
     trace = whatif.shipped("AR")
