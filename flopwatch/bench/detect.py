@@ -4,7 +4,7 @@
     report = run_suite(suite, resources.folder("alerts"), progress=...)
 
 Each scenario runs in its own throwaway Prometheus (engine.py); scoring.py turns the alert
-episodes, the MFU the rules recorded and the simulator's truth into the figures of issue 10.
+episodes, the MFU the rules recorded and the simulator's truth into the detection figures (docs/detection.md).
 """
 
 from __future__ import annotations

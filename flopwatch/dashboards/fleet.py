@@ -23,7 +23,15 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
                           job_id="${__data.fields.job_id}")
     to_gpu = c.drill_link("Node ${__data.fields.node} GPU ${__data.fields.gpu}", "flopwatch-node",
                           node="${__data.fields.node}", gpu="${__data.fields.gpu}")
+    _efficiency(board)
+    _mfu_and_goodput_by_job(board, to_job)
+    _gpus_power_and_energy(board)
+    _stragglers_and_alerts(board, to_gpu, to_job, docs_url)
+    return board.build()
 
+
+def _efficiency(board: c.Board) -> None:
+    """The "Efficiency" row."""
     board.row("Efficiency")
     board.add(
         c.stat_panel(
@@ -51,6 +59,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query(f"sum(1 - {c.UP})", "lost")),
     )
 
+
+def _mfu_and_goodput_by_job(board: c.Board, to_job: c.DashboardLink) -> None:
+    """The "MFU and goodput by job" row."""
     board.row("MFU and goodput by job")
     board.add(
         c.timeseries_panel(
@@ -93,6 +104,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     jobs = c.value_column(jobs, "E", "Step time", c.SECONDS)
     board.add(c.column_links(jobs, "job_id", [to_job]))
 
+
+def _gpus_power_and_energy(board: c.Board) -> None:
+    """The "GPUs, power and energy" row."""
     board.row("GPUs, power and energy")
     board.add(
         c.timeseries_panel(
@@ -116,6 +130,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
                              instant=True)),
     )
 
+
+def _stragglers_and_alerts(board: c.Board, to_gpu: c.DashboardLink, to_job: c.DashboardLink, docs_url: str) -> None:
+    """The "Stragglers and alerts" row."""
     board.row("Stragglers and alerts")
     stragglers = (
         c.table_panel(
@@ -145,5 +162,3 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     alerts = c.column_links(alerts, "runbook", [
         c.external_link("Runbook", f"{docs_url}/runbooks.md#${{__data.fields.runbook}}")])
     board.add(c.column_links(alerts, "node", [to_gpu]))
-    return board.build()
-

@@ -23,7 +23,17 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     variables = [c.node_variable(multi=False), c.gpu_variable()]
     board = c.Board(UID, TITLE, "Every GPU metric of one node: activity, clocks, throttling, power, "
                     "memory, errors, PCIe and NVLink.", variables, docs_url=docs_url)
+    _gpus_and_jobs(board)
+    _activity(board)
+    _clocks_and_throttling(board)
+    _power_and_temperature(board)
+    _errors_xid_ecc_row_remapping(board)
+    _pcie_and_nvlink(board)
+    return board.build()
 
+
+def _gpus_and_jobs(board: c.Board) -> None:
+    """The "GPUs and jobs" row."""
     board.row("GPUs and jobs")
     gpus = (
         c.table_panel(
@@ -42,6 +52,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     board.add(c.column_links(gpus, "job_id", [c.drill_link(
         "Training job ${__data.fields.job_id}", "flopwatch-job", job_id="${__data.fields.job_id}")]))
 
+
+def _activity(board: c.Board) -> None:
+    """The "Activity" row."""
     board.row("Activity")
     board.add(
         c.timeseries_panel(
@@ -63,6 +76,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query(_gpu("flopwatch_gpu_sm_occupancy_ratio"), "GPU {{gpu}} occupancy", "B")),
     )
 
+
+def _clocks_and_throttling(board: c.Board) -> None:
+    """The "Clocks and throttling" row."""
     board.row("Clocks and throttling")
     board.add(
         c.timeseries_panel(
@@ -93,6 +109,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
                              f"{_gpu('node_gpu:flopwatch_gpu_memory_clock_hertz:dcgm')}", GPU)),
     )
 
+
+def _power_and_temperature(board: c.Board) -> None:
+    """The "Power and temperature" row."""
     board.row("Power and temperature")
     board.add(
         c.timeseries_panel(
@@ -120,6 +139,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query(f"max({_gpu('flopwatch_gpu_memory_total_bytes')})", "installed", "B")),
     )
 
+
+def _errors_xid_ecc_row_remapping(board: c.Board) -> None:
+    """The "Errors: XID, ECC, row remapping" row."""
     board.row("Errors: XID, ECC, row remapping")
     board.add(
         c.state_timeline_panel(
@@ -163,6 +185,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query(_gpu("flopwatch_gpu_processes"), GPU)),
     )
 
+
+def _pcie_and_nvlink(board: c.Board) -> None:
+    """The "PCIe and NVLink" row."""
     board.row("PCIe and NVLink")
     board.add(
         c.timeseries_panel(
@@ -212,4 +237,3 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
                                  "flopwatch_gpu_nvlink_errors_total", "error"),
             "GPU {{gpu}} {{error}}")),
     )
-    return board.build()

@@ -24,7 +24,14 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
                     docs_url=docs_url, time_from="now-7d")
     to_gpu = c.drill_link("Node ${__data.fields.node} GPU ${__data.fields.gpu}", "flopwatch-node",
                           node="${__data.fields.node}", gpu="${__data.fields.gpu}")
+    _gpu_faults(board, to_gpu)
+    _jobs_interruptions_checkpoints_goodput(board)
+    _alerts_and_agents(board)
+    return board.build()
 
+
+def _gpu_faults(board: c.Board, to_gpu: c.DashboardLink) -> None:
+    """The "GPU faults" row."""
     board.row("GPU faults")
     board.add(
         c.timeseries_panel(
@@ -81,6 +88,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
                              "C")),
     )
 
+
+def _jobs_interruptions_checkpoints_goodput(board: c.Board) -> None:
+    """The "Jobs: interruptions, checkpoints, goodput" row."""
     board.row("Jobs: interruptions, checkpoints, goodput")
     board.add(
         c.timeseries_panel(
@@ -114,6 +124,9 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             "{{job_id}} {{kind}}")),
     )
 
+
+def _alerts_and_agents(board: c.Board) -> None:
+    """The "Alerts and agents" row."""
     board.row("Alerts and agents")
     board.add(
         c.timeseries_panel(
@@ -140,4 +153,3 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             f"sum by (collector) (rate(flopwatch_collector_errors_total{NODE}[$__rate_interval]))",
             "{{collector}}")),
     )
-    return board.build()
