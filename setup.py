@@ -1,6 +1,6 @@
-"""Build step that puts the repository's rules, Alertmanager config and templates, dashboards and
-scenario suite into the wheel as package data of flopwatch._data (flopwatch/resources.py reads
-them), so the repository's alerts/, dashboards/ and bench/scenarios/ stay the one copy of truth.
+"""Build step that puts the repository's rules, Alertmanager config and templates and dashboards
+into the wheel as package data of flopwatch._data (flopwatch/resources.py reads them), so the
+repository's alerts/ and dashboards/ stay the one copy of truth.
 Everything else is in pyproject.toml."""
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ import re
 import time
 from pathlib import Path
 
-from flopwatch.bench import remote_write
-from flopwatch.bench.engine import exact_nodes_for
-from flopwatch.bench.fast_sampler import supported_names
-from flopwatch.bench.sampler import FleetSampler, Recorder
+from flopwatch.detect import remote_write
+from flopwatch.detect.engine import exact_nodes_for
+from flopwatch.detect.fast_sampler import supported_names
+from flopwatch.detect.sampler import FleetSampler, Recorder
 from flopwatch.report import ReportSettings, build, write
 from flopwatch.report.queries import Promql, probe_queries
 from flopwatch.report.window import Window, grid_for

@@ -1,11 +1,12 @@
 """The files FlopWatch's commands read: alert rules, the Alertmanager config and templates, the
 Grafana dashboards and the detection benchmark's scenario suite.
 
-One copy of truth: the repository's `alerts/`, `dashboards/` and `bench/scenarios/`. In a source
-checkout (an editable install, `make demo`) they are read where they are, so an edit shows at
-once; a wheel carries them as the package data of `flopwatch._data` (setup.py copies them in at
-build time) and `importlib.resources` finds them there. A folder missing from both is an error
-naming it, never a quiet empty list.
+One copy of truth: the repository's `alerts/` and `dashboards/`, and the package's own
+`flopwatch/detect/scenarios/`. In a source checkout (an editable install, `make demo`) they are
+read where they are, so an edit shows at once; a wheel carries the top-level folders as the
+package data of `flopwatch._data` (setup.py copies them in at build time) and the scenarios as
+ordinary package data, and `importlib.resources` finds them there. A folder missing from both is
+an error naming it, never a quiet empty list.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ FOLDERS = {
     "alerts": "alerts",
     "alert-templates": "alerts/templates",
     "dashboards": "dashboards",
-    "scenarios": "bench/scenarios",
+    "scenarios": "flopwatch/detect/scenarios",
 }
 #: Which files of each repository folder a wheel carries (globs relative to the folder).
 PACKAGED = {
     "alerts": ("*.yml", "templates/*.tmpl"),
     "dashboards": ("*.json",),
-    "bench/scenarios": ("*.yml",),
 }
 
 
@@ -48,7 +48,9 @@ def folder(name: str) -> Path:
     if root is not None:
         path = root / relative
     else:
-        path = Path(str(resources.files("flopwatch").joinpath("_data", *relative.split("/"))))
+        parts = relative.split("/")
+        inside = parts[1:] if parts[0] == "flopwatch" else ["_data", *parts]
+        path = Path(str(resources.files("flopwatch").joinpath(*inside)))
     if not path.is_dir():
         raise MissingResource(f"{relative}/ not found at {path}: FlopWatch's {name} are missing from this "
                               "install (reinstall the package, or run from a full checkout)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flopwatch.bench.alerts import AlertTracker
+from flopwatch.detect.alerts import AlertTracker
 
 A = (("alertname", "X"), ("gpu", "1"))
 B = (("alertname", "X"), ("gpu", "2"))

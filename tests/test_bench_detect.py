@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flopwatch.bench import detect
-from flopwatch.bench.alerts import Episode
-from flopwatch.bench.scoring import GRACE_S, alert_cause, classify, healthy_gpu_hours, score_scenario, summarize
+from flopwatch.detect import detect
+from flopwatch.detect.alerts import Episode
+from flopwatch.detect.scoring import GRACE_S, alert_cause, classify, healthy_gpu_hours, score_scenario, summarize
 from flopwatch.sim.scenario import parse
 
 START = 1_700_000_000.0
 MODEL = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
-SUITE = Path(__file__).resolve().parents[1] / "bench" / "scenarios"
+SUITE = Path(__file__).resolve().parents[1] / "flopwatch" / "detect" / "scenarios"
 
 
 def scenario(faults=(), jobs=None, duration="1h", nodes=4):

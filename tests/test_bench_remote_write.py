@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from flopwatch.bench.remote_write import (
+from flopwatch.detect.remote_write import (
     STALE_NAN_BITS,
     encode_labels,
     encode_request,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flopwatch.bench.rules import RuleFileError, load, names_in, selectors
+from flopwatch.detect.rules import RuleFileError, load, names_in, selectors
 
 RULES = """
 groups:

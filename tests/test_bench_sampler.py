@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from flopwatch.bench.fast_sampler import FastSampler, supported_names
-from flopwatch.bench.remote_write import STALE_NAN_BITS
-from flopwatch.bench.sampler import ExactSampler, FleetSampler, Recorder, parse_series
+from flopwatch.detect.fast_sampler import FastSampler, supported_names
+from flopwatch.detect.remote_write import STALE_NAN_BITS
+from flopwatch.detect.sampler import ExactSampler, FleetSampler, Recorder, parse_series
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import load, parse
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_source_checkout_reads_the_repository_folders():
     assert resources.source_root() == ROOT
     assert resources.folder("alerts") == ROOT / "alerts"
-    assert resources.folder("scenarios") == ROOT / "bench" / "scenarios"
+    assert resources.folder("scenarios") == ROOT / "flopwatch" / "detect" / "scenarios"
     assert resources.file("alerts", "alertmanager.yml") == ROOT / "alerts" / "alertmanager.yml"
     assert resources.rule_files() and all(p.parent == ROOT / "alerts" for p in resources.rule_files())
     assert "alertmanager.yml" not in {p.name for p in resources.rule_files()}
@@ -38,4 +38,4 @@ def test_commands_stop_with_one_line_when_data_is_missing(installed_without_data
     assert cli.main(command) == cli.EXIT_FAILURE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not found" in err[0], err
-    assert "alerts/" in err[0] or "bench/scenarios/" in err[0], err
+    assert "alerts/" in err[0] or "flopwatch/detect/scenarios/" in err[0], err

@@ -13,10 +13,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from flopwatch import resources
-from flopwatch.bench import detect
-from flopwatch.bench.engine import EngineError
-from flopwatch.bench.rules import RuleFileError
 from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
+from flopwatch.detect import detect
+from flopwatch.detect.engine import EngineError
+from flopwatch.detect.rules import RuleFileError
 from flopwatch.sim.scenario import ScenarioError, parse_duration
 from flopwatch.stack import ServerError
 
@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "precision, recall, cause accuracy, false alerts per 1,000 GPU-days and MFU error.",
     )
     det.add_argument("--scenarios", metavar="PATH",
-                     help="a scenario file or a directory of them (default: the shipped suite, bench/scenarios)")
+                     help="a scenario file or a directory of them "
+                          "(default: the shipped suite, flopwatch/detect/scenarios)")
     det.add_argument("--rules", metavar="PATH",
                      help="a rule file or a directory of them (default: the shipped rules, alerts/)")
     det.add_argument("--json", metavar="OUT", help="write every figure, per fault and per alert, here")

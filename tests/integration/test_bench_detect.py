@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from flopwatch.bench import promtool
-from flopwatch.bench import rules as rule_files
-from flopwatch.bench.detect import run_scenario
-from flopwatch.bench.engine import PrometheusEngine
+from flopwatch.detect import promtool
+from flopwatch.detect import rules as rule_files
+from flopwatch.detect.detect import run_scenario
+from flopwatch.detect.engine import PrometheusEngine
 from flopwatch.sim.scenario import parse
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from flopwatch import resources
-from flopwatch.bench import remote_write
-from flopwatch.bench import rules as bench_rules
-from flopwatch.bench.engine import START_UNIX, PrometheusEngine, RunResult
+from flopwatch.detect import remote_write
+from flopwatch.detect import rules as bench_rules
+from flopwatch.detect.engine import START_UNIX, PrometheusEngine, RunResult
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import parse
 from flopwatch.stack import Prometheus

@@ -2,7 +2,7 @@
 checked against the simulator's ground truth; an empty Prometheus gives a "no data" report.
 
 Faked: only the GPUs, NICs and training jobs (flopwatch.sim, the same series real agents export).
-The week reaches Prometheus through remote write (flopwatch.bench's vectorised encoder and fleet
+The week reaches Prometheus through remote write (flopwatch.detect's vectorised encoder and fleet
 sampler, the detection benchmark's loader), one sample every 5 minutes of every series the report
 reads; Prometheus, its PromQL and the report's command line are real.
 """
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from flopwatch import cli
-from flopwatch.bench import remote_write
-from flopwatch.bench.engine import exact_nodes_for
-from flopwatch.bench.fast_sampler import supported_names
-from flopwatch.bench.sampler import FleetSampler, Recorder
+from flopwatch.detect import remote_write
+from flopwatch.detect.engine import exact_nodes_for
+from flopwatch.detect.fast_sampler import supported_names
+from flopwatch.detect.sampler import FleetSampler, Recorder
 from flopwatch.report.queries import Promql, probe_queries
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Window, grid_for

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from flopwatch import cli
-from flopwatch.bench import remote_write
-from flopwatch.bench.engine import exact_nodes_for
-from flopwatch.bench.sampler import FleetSampler, Recorder
+from flopwatch.detect import remote_write
+from flopwatch.detect.engine import exact_nodes_for
+from flopwatch.detect.sampler import FleetSampler, Recorder
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import parse
 from flopwatch.stack import Prometheus

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flopwatch.bench.replay import ReplayedJob, ReplayResult, replay
+from flopwatch.detect.replay import ReplayedJob, ReplayResult, replay
 from flopwatch.traces import whatif
 
 pytestmark = pytest.mark.integration

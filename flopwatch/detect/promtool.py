@@ -20,11 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from flopwatch.bench.alerts import Episode
-from flopwatch.bench.engine import PrometheusEngine, exact_nodes_for
-from flopwatch.bench.remote_write import STALE_NAN_BITS
-from flopwatch.bench.rules import RuleSet
-from flopwatch.bench.sampler import FleetSampler, Recorder, keep_by
+from flopwatch.detect.alerts import Episode
+from flopwatch.detect.engine import PrometheusEngine, exact_nodes_for
+from flopwatch.detect.remote_write import STALE_NAN_BITS
+from flopwatch.detect.rules import RuleSet
+from flopwatch.detect.sampler import FleetSampler, Recorder, keep_by
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario
 from flopwatch.stack.process import require_binary

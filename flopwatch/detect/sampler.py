@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flopwatch.bench.fast_sampler import SCRAPE_JOB, FastSampler, Group, Labels, supported_names
-from flopwatch.bench.remote_write import STALE_NAN, encode_labels
+from flopwatch.detect.fast_sampler import SCRAPE_JOB, FastSampler, Group, Labels, supported_names
+from flopwatch.detect.remote_write import STALE_NAN, encode_labels
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from flopwatch.bench.alerts import Episode
+from flopwatch.detect.alerts import Episode
 from flopwatch.sim.scenario import Scenario
 
 GRACE_S = 600.0

@@ -23,12 +23,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flopwatch.bench import remote_write
-from flopwatch.bench.alerts import AlertTracker, Episode
-from flopwatch.bench.fast_sampler import Group, supported_names
-from flopwatch.bench.remote_write import STALE_NAN, encode_labels, encode_request
-from flopwatch.bench.rules import Rule, RuleSet, names_in, selectors
-from flopwatch.bench.sampler import Block, FleetSampler, Recorder, keep_by
+from flopwatch.detect import remote_write
+from flopwatch.detect.alerts import AlertTracker, Episode
+from flopwatch.detect.fast_sampler import Group, supported_names
+from flopwatch.detect.remote_write import STALE_NAN, encode_labels, encode_request
+from flopwatch.detect.rules import Rule, RuleSet, names_in, selectors
+from flopwatch.detect.sampler import Block, FleetSampler, Recorder, keep_by
 from flopwatch.promql import PromClient, PromError
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent

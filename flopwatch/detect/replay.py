@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from flopwatch.bench import rules
-from flopwatch.bench.alerts import Episode
-from flopwatch.bench.engine import START_UNIX, Progress, PrometheusEngine
-from flopwatch.bench.fast_sampler import SCRAPE_JOB, Group, Labels
 from flopwatch.catalog import all_metrics
 from flopwatch.catalog import job as job_metrics
 from flopwatch.config import TrainOptions
+from flopwatch.detect import rules
+from flopwatch.detect.alerts import Episode
+from flopwatch.detect.engine import START_UNIX, Progress, PrometheusEngine
+from flopwatch.detect.fast_sampler import SCRAPE_JOB, Group, Labels
 from flopwatch.exporters.train_intake import TrainIntake
 from flopwatch.traces.whatif import Trace
 from flopwatch.train import StepMonitor, wire
@@ -64,7 +64,7 @@ class ReplayedJob:
 
 
 class TraceReplay:
-    """A `SampleSource` (flopwatch.bench.engine) of traces replayed as jobs on their own nodes."""
+    """A `SampleSource` (flopwatch.detect.engine) of traces replayed as jobs on their own nodes."""
 
     def __init__(self, jobs: list[ReplayedJob], start_unix: float) -> None:
         self.jobs = jobs

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flopwatch.bench import rules as rule_files
-from flopwatch.bench.engine import OBSERVED, PrometheusEngine, RunResult
-from flopwatch.bench.scoring import ScenarioScore, score_scenario, summarize
+from flopwatch.detect import rules as rule_files
+from flopwatch.detect.engine import OBSERVED, PrometheusEngine, RunResult
+from flopwatch.detect.scoring import ScenarioScore, score_scenario, summarize
 from flopwatch.sim.scenario import Scenario, ScenarioError, load
 
 QUICK_MAX_GPUS = 64
