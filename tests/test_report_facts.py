@@ -9,7 +9,8 @@ import pytest
 
 from flopwatch.promql import Sample
 from flopwatch.report import recommend, sections
-from flopwatch.report.facts import compute, per_group
+from flopwatch.report.compute import compute
+from flopwatch.report.facts import per_group
 from flopwatch.report.fetch import Outcome, Results
 from flopwatch.report.queries import Query
 from flopwatch.report.settings import ReportSettings, Thresholds

@@ -15,7 +15,8 @@ from flopwatch.catalog import gpu, train
 from flopwatch.promql import PromClient, PromError
 from flopwatch.report import incidents as inc
 from flopwatch.report import recommend, render, sections, steptime
-from flopwatch.report.facts import Facts, compute
+from flopwatch.report.compute import compute
+from flopwatch.report.facts import Facts
 from flopwatch.report.fetch import Fetcher, Progress, Results
 from flopwatch.report.model import Report, Section
 from flopwatch.report.pdf import PdfError, write_pdf
