@@ -26,7 +26,7 @@ from flopwatch.detect.engine import exact_nodes_for
 from flopwatch.detect.fast_sampler import supported_names
 from flopwatch.detect.sampler import FleetSampler, Recorder
 from flopwatch.report import ReportSettings, build, write
-from flopwatch.report.queries import Promql, probe_queries
+from flopwatch.report.queries import QueryBuilder, probe_queries
 from flopwatch.report.window import Window, grid_for
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario, parse
@@ -63,7 +63,7 @@ def week_scenario(nodes: int) -> Scenario:
 
 def report_series(step: float) -> set[str]:
     settings, window = ReportSettings(), Window(0.0, 7 * DAY)
-    promql = Promql(settings, window, grid_for(window, step), step)
+    promql = QueryBuilder(settings, window, grid_for(window, step), step)
     queries = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
                *promql.hardware_candidates(),
                promql.straggler_arrivals(), promql.power_fallback(), *probe_queries(settings, window),

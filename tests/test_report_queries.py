@@ -9,7 +9,7 @@ import yaml
 from flopwatch import resources
 from flopwatch.catalog import by_name
 from flopwatch.report import queries
-from flopwatch.report.queries import ALERTS_STRAGGLER, Promql, probe_queries
+from flopwatch.report.queries import ALERTS_STRAGGLER, QueryBuilder, probe_queries
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Window, grid_for
 
@@ -18,7 +18,7 @@ WEEK = Window(1_790_000_000.0 - 7 * 86400, 1_790_000_000.0)
 
 def every_query(settings: ReportSettings, spacing: float = 15.0) -> list:
     grid = grid_for(WEEK, spacing)
-    p = Promql(settings, WEEK, grid, spacing)
+    p = QueryBuilder(settings, WEEK, grid, spacing)
     nodes = {name: ["node0001", "node.2"] for name in ("lost_candidates", "nvlink_candidates", "ib_candidates",
                                                        "pcie_candidates", "ecc_candidates")}
     return [*p.range_queries(), *p.counter_queries(), *p.total_queries(WEEK), *p.hardware_candidates(),
@@ -70,7 +70,7 @@ def test_names_are_unique_and_balanced():
 
 def test_ranges_follow_the_grid_and_the_window():
     grid = grid_for(WEEK, 15)
-    p = Promql(ReportSettings(), WEEK, grid, 15)
+    p = QueryBuilder(ReportSettings(), WEEK, grid, 15)
     assert grid.step == 3600 and "[3599999ms]" in next(q for q in p.range_queries() if q.name == "busy").expr
     total = next(q for q in p.total_queries(WEEK) if q.name == "energy_total")
     assert "[604800s]" in total.expr and total.at == WEEK.end
@@ -98,7 +98,7 @@ def test_dtype_thresholds_and_sparse_samples():
 
 def test_hardware_ranges_only_for_candidate_nodes():
     grid = grid_for(WEEK, 15)
-    p = Promql(ReportSettings(), WEEK, grid, 15)
+    p = QueryBuilder(ReportSettings(), WEEK, grid, 15)
     assert p.hardware_ranges({}) == []
     ranges = {q.name: q for q in p.hardware_ranges({"nvlink_candidates": ["n1", "n1", "n.2"],
                                                      "ecc_candidates": ["n3"]})}

@@ -20,7 +20,7 @@ from flopwatch.report.facts import Facts
 from flopwatch.report.fetch import Fetcher, Progress, Results
 from flopwatch.report.model import Report, Section
 from flopwatch.report.pdf import PdfError, write_pdf
-from flopwatch.report.queries import Promql, Query, probe_queries, q
+from flopwatch.report.queries import Query, QueryBuilder, probe_queries, quote
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Grid, Window, format_duration, format_time, grid_for
 
@@ -58,7 +58,7 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
     grid = grid_for(window, spacing)
     report.step = grid.step
     fetcher.grid = grid
-    promql = Promql(settings, window, grid, spacing)
+    promql = QueryBuilder(settings, window, grid, spacing)
     first = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
              *promql.hardware_candidates(), promql.straggler_arrivals(), *promql.step_time_queries()]
     if probe.scalar("probe_prev"):
@@ -115,7 +115,7 @@ def sample_spacing(client: PromClient, window: Window) -> float | None:
             top = client.query(f"topk(1, count_over_time({name}[{window.range()}]))", at=window.end)
             if not top:
                 continue
-            matchers = ", ".join(f"{k}={q(v)}" for k, v in sorted(top[0].labels.items()) if k != "__name__")
+            matchers = ", ".join(f"{k}={quote(v)}" for k, v in sorted(top[0].labels.items()) if k != "__name__")
             selector = f"{name}{{{matchers}}}"
             counts = client.query_range(f"count_over_time({selector}[{coarse.range()}])", coarse.first, coarse.end,
                                         coarse.step)
@@ -154,7 +154,7 @@ def _method(alerts: bool, grid: Grid, settings: ReportSettings) -> str:
             "and InfiniBand errors, host CPU, data-loading time).")
 
 
-def _details(fetcher: Fetcher, promql: Promql, facts: Facts, stragglers: list[inc.Incident],
+def _details(fetcher: Fetcher, promql: QueryBuilder, facts: Facts, stragglers: list[inc.Incident],
              hardware: list[inc.Incident], with_cause: bool) -> None:
     """Per-incident queries: the straggler's slowdown (and cause), the job that held a faulty GPU."""
     grid = promql.grid

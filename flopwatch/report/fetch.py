@@ -105,15 +105,9 @@ class Fetcher:
         except PromError as error:
             raise Unreachable(str(error)) from None
 
-    def expect(self, count: int) -> None:
-        """Announce queries that will come in a later batch (for an honest progress total)."""
-        self.total += count
-        self._report("")
-
-    def run(self, queries: Iterable[Query], expected: bool = False) -> Results:
+    def run(self, queries: Iterable[Query]) -> Results:
         batch = list(queries)
-        if not expected:
-            self.total += len(batch)
+        self.total += len(batch)
         if not batch:
             return self.results
         with ThreadPoolExecutor(max_workers=self.workers) as pool:

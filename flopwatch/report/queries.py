@@ -54,49 +54,50 @@ class Query:
     step: float | None = None
 
 
-def q(value: str) -> str:
+def quote(value: str) -> str:
     """A PromQL string literal."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-class Promql:
+class QueryBuilder:
     """Expression builders bound to the settings, the window and the grid."""
 
     def __init__(self, settings: ReportSettings, window: Window, grid: Grid, spacing: float | None) -> None:
-        self.s = settings
+        self.settings = settings
         self.window = window
         self.grid = grid
-        self.c = settings.cluster_label
-        self.r = grid.range()
-        self.w = window.range()
+        self.cluster_label = settings.cluster_label
+        self.bucket = grid.range()     # one bucket as a PromQL range
+        self.span = window.range()     # the whole window as a PromQL range
+        self.dtype_matcher = f"dtype={quote(settings.dtype)}"   # the peak FLOP/s series' matcher
         self.offset = f"{round(grid.step * 1000)}ms"   # one bucket back (see `increase`)
         # Samples sparser than Prometheus's 5m lookback need an explicit one (which cannot see stale markers).
         self.lookback = f"{int(2 * spacing) + 1}s" if spacing and spacing > LOOKBACK_S else None
 
     # -- building blocks -------------------------------------------------------------------------
-    def sel(self, name: str, matchers: str = "") -> str:
+    def selector(self, name: str, matchers: str = "") -> str:
         """An instant selector; wrapped in last_over_time when samples are sparser than the lookback."""
         selector = f"{name}{{{matchers}}}" if matchers else name
         return f"last_over_time({selector}[{self.lookback}])" if self.lookback else selector
 
     def by(self, *labels: str) -> str:
-        return ", ".join((self.c, *labels))
+        return ", ".join((self.cluster_label, *labels))
 
     @property
     def peak(self) -> str:
-        return f"max by ({self.by('node', 'gpu')}) ({self.sel(gpu.PEAK_FLOPS.name, f'dtype={q(self.s.dtype)}')})"
+        return f"max by ({self.by('node', 'gpu')}) ({self.selector(gpu.PEAK_FLOPS.name, self.dtype_matcher)})"
 
     def info(self, *extra: str) -> str:
         """GPU-to-job info, one series per (job, GPU)."""
-        return f"max by ({self.by('job_id', *extra, 'node', 'gpu')}) ({self.sel(job.GPU_JOB_INFO.name)})"
+        return f"max by ({self.by('job_id', *extra, 'node', 'gpu')}) ({self.selector(job.GPU_JOB_INFO.name)})"
 
     def per_gpu(self, expr: str) -> str:
         return f"max by ({self.by('node', 'gpu')}) ({expr})"
 
     @property
     def busy(self) -> str:
-        utilization = f"avg_over_time({gpu.UTILIZATION.name}[{self.r}])"
-        return f"{self.per_gpu(utilization)} >= {self.s.thresholds.busy_utilization:g}"
+        utilization = f"avg_over_time({gpu.UTILIZATION.name}[{self.bucket}])"
+        return f"{self.per_gpu(utilization)} >= {self.settings.thresholds.busy_utilization:g}"
 
     @property
     def tensor_flops(self) -> str:
@@ -104,8 +105,9 @@ class Promql:
         the bucket's samples so a bucket counts as much as the samples cover (divide by
         `tensor_samples`). The three series of one GPU carry the same labels, so they match one
         to one without aggregating."""
-        return self.per_gpu(f"sum_over_time({gpu.TENSOR_ACTIVE.name}[{self.r}]) * "
-                            f"avg_over_time({gpu.SM_CLOCK.name}[{self.r}]) / {self.sel(gpu.SM_CLOCK_MAX.name)}")
+        bucket = self.bucket
+        return self.per_gpu(f"sum_over_time({gpu.TENSOR_ACTIVE.name}[{bucket}]) * "
+                            f"avg_over_time({gpu.SM_CLOCK.name}[{bucket}]) / {self.selector(gpu.SM_CLOCK_MAX.name)}")
 
     def increase(self, name: str, matchers: str = "") -> str:
         """A counter's increase in each bucket: its last sample in the bucket minus its last sample
@@ -122,15 +124,15 @@ class Promql:
         counter born in the window, which counted from zero (the born_* queries add its first
         value)."""
         selector = f"{name}{{{matchers}}}" if matchers else name
-        last = f"last_over_time({selector}[{self.r}])"
-        before = f"last_over_time({selector}[{self.r}] offset {self.offset})"
-        first = f"min_over_time({selector}[{self.r}])"
+        last = f"last_over_time({selector}[{self.bucket}])"
+        before = f"last_over_time({selector}[{self.bucket}] offset {self.offset})"
+        first = f"min_over_time({selector}[{self.bucket}])"
         return f"(({last} - ({before} or {first})) >= 0 or {last})"
 
     def samples(self, name: str, matchers: str = "") -> str:
         """Samples per bucket of each series: x the sample spacing, the seconds it covers."""
         selector = f"{name}{{{matchers}}}" if matchers else name
-        return f"count_over_time({selector}[{self.r}])"
+        return f"count_over_time({selector}[{self.bucket}])"
 
     @property
     def held(self) -> str:
@@ -147,21 +149,21 @@ class Promql:
         extra = f", {matchers}" if matchers else ""
         labels = self.by("job_id", "rank", "node", "gpu")
         phases = (f"sum by ({labels}) (increase({train.PHASE_SECONDS.name}"
-                  f"{{phase=~{q(ARRIVAL_PHASES)}{extra}}}[{rng}]))")
+                  f"{{phase=~{quote(ARRIVAL_PHASES)}{extra}}}[{rng}]))")
         steps = f"sum by ({labels}) (increase({train.STEPS.name}{{{matchers}}}[{rng}]))"
         return f"{phases} / ({steps} >= 1)"
 
     # -- the main plan ---------------------------------------------------------------------------
     def range_queries(self) -> list[Query]:
-        r, c = self.r, self.c  # noqa: F841 - kept for the specs below
+        cluster = self.cluster_label
         info_on = f"on ({self.by('node', 'gpu')})"
         energy = self.increase(gpu.ENERGY.name)
         specs = [
-            ("gpus", "GPUs reporting", f"count by ({c}) ({self.per_gpu(self.sel(gpu.UP.name))})"),
-            ("peak", "fleet peak FLOP/s", f"sum by ({c}) ({self.peak})"),
-            ("busy", "busy GPUs", f"count by ({c}) ({self.busy})"),
-            ("allocated", "allocated GPUs", f"count by ({c}) (max by ({self.by('node', 'gpu')}) "
-                                            f"({self.sel(job.GPU_JOB_INFO.name)}))"),
+            ("gpus", "GPUs reporting", f"count by ({cluster}) ({self.per_gpu(self.selector(gpu.UP.name))})"),
+            ("peak", "fleet peak FLOP/s", f"sum by ({cluster}) ({self.peak})"),
+            ("busy", "busy GPUs", f"count by ({cluster}) ({self.busy})"),
+            ("allocated", "allocated GPUs", f"count by ({cluster}) (max by ({self.by('node', 'gpu')}) "
+                                            f"({self.selector(job.GPU_JOB_INFO.name)}))"),
             ("job_gpus", "GPUs per job", f"count by ({self.by('job_id', 'user')}) ({self.info('user')})"),
             ("job_busy", "busy GPUs per job",
              f"count by ({self.by('job_id')}) ({self.info()} and {info_on} ({self.busy}))"),
@@ -170,13 +172,13 @@ class Promql:
             ("job_tensor", "telemetry MFU per job", self.join_jobs(self.tensor_flops)),
             ("job_tensor_gpus", "GPUs with tensor activity per job",
              self.join_jobs(self.per_gpu(self.samples(gpu.TENSOR_ACTIVE.name)))),
-            ("tensor", "telemetry MFU", f"sum by ({c}) ({self.tensor_flops})"),
+            ("tensor", "telemetry MFU", f"sum by ({cluster}) ({self.tensor_flops})"),
             ("tensor_gpus", "GPUs with tensor activity",
-             f"sum by ({c}) ({self.per_gpu(self.samples(gpu.TENSOR_ACTIVE.name))})"),
-            ("energy", "energy over time", f"sum by ({c}) ({energy})"),
+             f"sum by ({cluster}) ({self.per_gpu(self.samples(gpu.TENSOR_ACTIVE.name))})"),
+            ("energy", "energy over time", f"sum by ({cluster}) ({energy})"),
             ("job_energy", "energy per job", self.join_jobs(self.per_gpu(energy))),
             ("idle_energy", "energy of unallocated GPUs",
-             f"sum by ({c}) ({self.per_gpu(energy)} unless {info_on} {self.sel(job.GPU_JOB_INFO.name)})"),
+             f"sum by ({cluster}) ({self.per_gpu(energy)} unless {info_on} {self.selector(job.GPU_JOB_INFO.name)})"),
             ("job_steps", "steps per job", f"max by ({self.by('job_id')}) ({self.increase(train.STEPS.name)})"),
         ]
         return [Query(name, title, expr, "range") for name, title, expr in specs + self.covered_specs()]
@@ -185,18 +187,18 @@ class Promql:
         """Per bucket, what the samples cover: sample counts (x spacing = GPU-seconds, peak-FLOP-seconds)
         and counter increases (a bucket without samples adds nothing, so a gap, a restart or a
         window longer than the data never counts time nobody measured)."""
-        r, c = self.r, self.c
+        bucket, cluster = self.bucket, self.cluster_label
         on = f"on ({self.by('node', 'gpu')})"
-        dtype = f"dtype={q(self.s.dtype)}"
-        peak = f"max by ({self.by('node', 'gpu')}) (max_over_time({gpu.PEAK_FLOPS.name}{{{dtype}}}[{r}]))"
+        dtype = self.dtype_matcher
+        peak = f"max by ({self.by('node', 'gpu')}) (max_over_time({gpu.PEAK_FLOPS.name}{{{dtype}}}[{bucket}]))"
         jobs, phases = self.by("job_id"), self.by("job_id", "phase")
         return [
-            ("gpu_cover", "GPU samples", f"sum by ({c}) ({self.per_gpu(self.samples(gpu.UP.name))})"),
+            ("gpu_cover", "GPU samples", f"sum by ({cluster}) ({self.per_gpu(self.samples(gpu.UP.name))})"),
             ("peak_cover", "peak FLOP/s samples",
-             f"sum by ({c}) ({self.per_gpu(f'sum_over_time({gpu.PEAK_FLOPS.name}{{{dtype}}}[{r}])')})"),
-            ("alloc_cover", "allocated GPU samples", f"sum by ({c}) ({self.held})"),
+             f"sum by ({cluster}) ({self.per_gpu(f'sum_over_time({gpu.PEAK_FLOPS.name}{{{dtype}}}[{bucket}])')})"),
+            ("alloc_cover", "allocated GPU samples", f"sum by ({cluster}) ({self.held})"),
             ("busy_cover", "busy GPU samples",
-             f"sum by ({c}) ({self.per_gpu(self.samples(gpu.UTILIZATION.name))} and {on} ({self.busy}))"),
+             f"sum by ({cluster}) ({self.per_gpu(self.samples(gpu.UTILIZATION.name))} and {on} ({self.busy}))"),
             ("job_cover", "allocated GPU samples per job",
              f"sum by ({self.by('job_id', 'user')}) (max by ({self.by('job_id', 'user', 'node', 'gpu')}) "
              f"({self.samples(job.GPU_JOB_INFO.name)}))"),
@@ -215,57 +217,59 @@ class Promql:
     def hardware_candidates(self) -> list[Query]:
         """Instant queries over the whole window naming the GPUs and ports with any hardware trouble,
         so the per-bucket queries read only those (a healthy fleet costs no per-bucket evaluation)."""
-        w, at = self.w, self.window.end
+        span, at = self.span, self.window.end
         specs = [
-            ("lost_candidates", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}[{w}])')} == 0"),
+            ("lost_candidates", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}[{span}])')} == 0"),
             ("nvlink_candidates", "NVLink errors",
-             f"sum by ({self.by('node', 'gpu')}) (increase({gpu.NVLINK_ERRORS.name}[{w}])) > 0"),
+             f"sum by ({self.by('node', 'gpu')}) (increase({gpu.NVLINK_ERRORS.name}[{span}])) > 0"),
             ("ib_candidates", "InfiniBand errors",
              f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.ERRORS.name}"
-             f"{{counter=~{q(IB_ERROR_COUNTERS)}}}[{w}])) > {IB_ERRORS_PER_HOUR * self.grid.step / 3600:g} "
-             f"or sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}[{w}])) > 0"),
+             f"{{counter=~{quote(IB_ERROR_COUNTERS)}}}[{span}])) > {IB_ERRORS_PER_HOUR * self.grid.step / 3600:g} "
+             f"or sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}[{span}])) > 0"),
             ("pcie_candidates", "PCIe links",
-             self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}[{w}]) < "
-                          f"max_over_time({gpu.PCIE_MAX_WIDTH.name}[{w}])")),
-            ("ecc_candidates", "ECC errors", f"{self.per_gpu(f'max_over_time({gpu.ECC_UNCORRECTED.name}[{w}])')} > 0"),
+             self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}[{span}]) < "
+                          f"max_over_time({gpu.PCIE_MAX_WIDTH.name}[{span}])")),
+            ("ecc_candidates", "ECC errors",
+             f"{self.per_gpu(f'max_over_time({gpu.ECC_UNCORRECTED.name}[{span}])')} > 0"),
         ]
         return [Query(name, title, expr, "instant", at=at) for name, title, expr in specs]
 
     def hardware_ranges(self, nodes: dict[str, list[str]]) -> list[Query]:
         """Per-bucket hardware queries restricted to the candidates' nodes (candidate name -> nodes)."""
-        r = self.r
+        bucket = self.bucket
 
         def on_nodes(kind: str) -> str:
-            return f"node=~{q('|'.join(re.escape(n) for n in sorted(set(nodes[kind]))))}"
+            return f"node=~{quote('|'.join(re.escape(n) for n in sorted(set(nodes[kind]))))}"
 
         specs = []
         if nodes.get("lost_candidates"):
             m = on_nodes("lost_candidates")
-            specs.append(("lost", "lost GPUs", f"{self.per_gpu(f'min_over_time({gpu.UP.name}{{{m}}}[{r}])')} == 0"))
+            specs.append(("lost", "lost GPUs",
+                          f"{self.per_gpu(f'min_over_time({gpu.UP.name}{{{m}}}[{bucket}])')} == 0"))
         if nodes.get("nvlink_candidates"):
             m = on_nodes("nvlink_candidates")
             specs.append(("nvlink_bad", "NVLink error bursts",
-                          f"sum by ({self.by('node', 'gpu')}) (rate({gpu.NVLINK_ERRORS.name}{{{m}}}[{r}])) "
+                          f"sum by ({self.by('node', 'gpu')}) (rate({gpu.NVLINK_ERRORS.name}{{{m}}}[{bucket}])) "
                           f"> {NVLINK_ERRORS_PER_SECOND:g}"))
         if nodes.get("ib_candidates"):
             m = on_nodes("ib_candidates")
             specs.append(("ib_bad", "InfiniBand error bursts",
                           f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.ERRORS.name}"
-                          f"{{counter=~{q(IB_ERROR_COUNTERS)}, {m}}}[{r}])) "
+                          f"{{counter=~{quote(IB_ERROR_COUNTERS)}, {m}}}[{bucket}])) "
                           f"> {IB_ERRORS_PER_HOUR * self.grid.step / 3600:g}"))
             specs.append(("ib_down", "InfiniBand links down",
                           f"sum by ({self.by('node', 'device', 'port')}) (increase({nic.LINK_DOWNED.name}"
-                          f"{{{m}}}[{r}])) > 0"))
+                          f"{{{m}}}[{bucket}])) > 0"))
         if nodes.get("pcie_candidates"):
             m = on_nodes("pcie_candidates")
             specs.append(("pcie_bad", "PCIe downgrades",
-                          self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}{{{m}}}[{r}]) < "
-                                       f"{self.sel(gpu.PCIE_MAX_WIDTH.name, m)}")))
+                          self.per_gpu(f"min_over_time({gpu.PCIE_WIDTH.name}{{{m}}}[{bucket}]) < "
+                                       f"{self.selector(gpu.PCIE_MAX_WIDTH.name, m)}")))
         queries = [Query(name, title, expr, "range") for name, title, expr in specs]
         if nodes.get("ecc_candidates"):
             m = on_nodes("ecc_candidates")
             queries.append(Query("ecc", "uncorrectable ECC errors",
-                                 f"{self.per_gpu(self.sel(gpu.ECC_UNCORRECTED.name, m))} > 0", "range",
+                                 f"{self.per_gpu(self.selector(gpu.ECC_UNCORRECTED.name, m))} > 0", "range",
                                  start=self.grid.first - self.grid.step))
         return queries
 
@@ -282,27 +286,27 @@ class Promql:
 
     def total_queries(self, window: Window, prefix: str = "") -> list[Query]:
         """Counter increases over the whole window, per job where jobs matter."""
-        w, c, at = window.range(), self.c, window.end
+        span, cluster, at = window.range(), self.cluster_label, window.end
         jobs = self.by("job_id")
         specs = [
-            ("energy_total", "energy", f"sum by ({c}) (increase({gpu.ENERGY.name}[{w}]))"),
-            ("flops_total", "model FLOPs", f"sum by ({jobs}) (increase({train.MODEL_FLOPS.name}[{w}]))"),
-            ("tokens_total", "tokens", f"sum by ({jobs}) (increase({train.TOKENS.name}[{w}]))"),
+            ("energy_total", "energy", f"sum by ({cluster}) (increase({gpu.ENERGY.name}[{span}]))"),
+            ("flops_total", "model FLOPs", f"sum by ({jobs}) (increase({train.MODEL_FLOPS.name}[{span}]))"),
+            ("tokens_total", "tokens", f"sum by ({jobs}) (increase({train.TOKENS.name}[{span}]))"),
         ]
-        gpu_info = f"count_over_time({job.GPU_JOB_INFO.name}[{w}])"
+        gpu_info = f"count_over_time({job.GPU_JOB_INFO.name}[{span}])"
         peak = (f"max by ({self.by('node', 'gpu')}) (max_over_time({gpu.PEAK_FLOPS.name}"
-                f"{{dtype={q(self.s.dtype)}}}[{w}]))")
+                f"{{{self.dtype_matcher}}}[{span}]))")
         job_peak = f"{gpu_info} * on ({self.by('node', 'gpu')}) group_left () {peak}"
         specs += [
             # sample counts: x the sample spacing = GPU-seconds, peak-FLOP-seconds
-            ("gpu_samples", "GPU samples", f"sum by ({c}) (count_over_time({gpu.UP.name}[{w}]))"),
+            ("gpu_samples", "GPU samples", f"sum by ({cluster}) (count_over_time({gpu.UP.name}[{span}]))"),
             ("peak_samples", "peak FLOP/s samples",
-             f"sum by ({c}) (sum_over_time({gpu.PEAK_FLOPS.name}{{dtype={q(self.s.dtype)}}}[{w}]))"),
+             f"sum by ({cluster}) (sum_over_time({gpu.PEAK_FLOPS.name}{{{self.dtype_matcher}}}[{span}]))"),
         ]
         if prefix:
             specs += [
-                ("alloc_samples", "allocated GPU samples", f"sum by ({c}) ({gpu_info})"),
-                ("job_peak_samples", "allocated peak samples", f"sum by ({c}) ({job_peak})"),
+                ("alloc_samples", "allocated GPU samples", f"sum by ({cluster}) ({gpu_info})"),
+                ("job_peak_samples", "allocated peak samples", f"sum by ({cluster}) ({job_peak})"),
             ]
         else:
             specs += [
@@ -319,14 +323,14 @@ class Promql:
             )]
             specs += [
                 ("hw_flops_total", "hardware FLOPs",
-                 f"sum by ({jobs}) (increase({train.HARDWARE_FLOPS.name}[{w}]))"),
-                ("steps_total", "steps", f"max by ({jobs}) (increase({train.STEPS.name}[{w}]))"),
+                 f"sum by ({jobs}) (increase({train.HARDWARE_FLOPS.name}[{span}]))"),
+                ("steps_total", "steps", f"max by ({jobs}) (increase({train.STEPS.name}[{span}]))"),
                 ("phases_total", "step phases",
-                 f"sum by ({self.by('job_id', 'phase')}) (increase({train.PHASE_SECONDS.name}[{w}]))"),
+                 f"sum by ({self.by('job_id', 'phase')}) (increase({train.PHASE_SECONDS.name}[{span}]))"),
                 ("checkpoint_total", "checkpoints",
-                 f"sum by ({jobs}) (increase({train.CHECKPOINT_SECONDS.name}[{w}]))"),
+                 f"sum by ({jobs}) (increase({train.CHECKPOINT_SECONDS.name}[{span}]))"),
                 ("alerts_present", "straggler alerts",
-                 f"count(last_over_time({ALERTS_STRAGGLER}[{w}]))"),
+                 f"count(last_over_time({ALERTS_STRAGGLER}[{span}]))"),
             ]
         return [Query(prefix + name, title, expr, "instant", at=at) for name, title, expr in specs]
 
@@ -335,52 +339,52 @@ class Promql:
         rank started): it counted from zero inside the covered time, before its first sample,
         which no increase between samples sees. A series seen in the BASELINE_LOOKBACK before
         the window is not new."""
-        w = self.window.range()
-        return (name, title, f"sum by ({by}) (min_over_time({counter}[{w}]) unless "
-                             f"count_over_time({counter}[{BASELINE_LOOKBACK}] offset {w}))")
+        span = self.window.range()
+        return (name, title, f"sum by ({by}) (min_over_time({counter}[{span}]) unless "
+                             f"count_over_time({counter}[{BASELINE_LOOKBACK}] offset {span}))")
 
     def previous_range_queries(self, grid: Grid) -> list[Query]:
         """The window before, for week-over-week deltas: busy GPUs (the rest are instant totals)."""
-        return [Query("prev_busy", "busy GPUs the week before", f"count by ({self.c}) ({self.busy})", "range",
-                      start=grid.first, end=grid.end, step=grid.step)]
+        return [Query("prev_busy", "busy GPUs the week before", f"count by ({self.cluster_label}) ({self.busy})",
+                      "range", start=grid.first, end=grid.end, step=grid.step)]
 
     # -- second phase ------------------------------------------------------------------------------
     def straggler_arrivals(self) -> Query:
         """Each rank's arrival seconds per step per bucket. The report computes from it the job
         median, the straggler flags and the straggler wait (the slowest rank's arrival minus the
         mean rank's, the rules' mean-minus-minimum comm wait): one evaluation of the counters."""
-        return Query("straggler_arrivals", "arrival per rank", self.arrival(self.r), "range")
+        return Query("straggler_arrivals", "arrival per rank", self.arrival(self.bucket), "range")
 
     def straggler_alerts(self) -> Query:
         expr = (f"max by ({self.by('job_id', 'rank', 'node', 'gpu', 'cause')}) "
-                f"(max_over_time({ALERTS_STRAGGLER}[{self.r}]))")
+                f"(max_over_time({ALERTS_STRAGGLER}[{self.bucket}]))")
         return Query("straggler_alerts", "straggler alerts", expr, "range")
 
     def step_time_queries(self) -> list[Query]:
         """Per bucket, the rules' share of step time lost per job (and per class), averaged over the
         bucket's evaluations; each stage's imbalance; the pipeline-stage tickets that fired. A
         backfilled history has none of them (recording-rule results)."""
-        r = self.r
+        bucket = self.bucket
         specs = [
             ("step_lost", "share of step time lost",
-             f"max by ({self.by('job_id')}) (avg_over_time({STEP_TIME_LOST}[{r}]))"),
+             f"max by ({self.by('job_id')}) (avg_over_time({STEP_TIME_LOST}[{bucket}]))"),
             ("step_lost_by_class", "share of step time lost by class",
-             f"max by ({self.by('job_id', 'class')}) (avg_over_time({STEP_TIME_LOST_BY_CLASS}[{r}]))"),
+             f"max by ({self.by('job_id', 'class')}) (avg_over_time({STEP_TIME_LOST_BY_CLASS}[{bucket}]))"),
             ("stage_imbalance", "pipeline stages against the fastest",
-             f"max by ({self.by('job_id', 'stage')}) (avg_over_time({STAGE_IMBALANCE}[{r}]))"),
+             f"max by ({self.by('job_id', 'stage')}) (avg_over_time({STAGE_IMBALANCE}[{bucket}]))"),
             ("stage_tickets", "pipeline-stage tickets",
-             f"max by ({self.by('job_id', 'stage')}) (max_over_time({ALERTS_PIPELINE}[{r}]))"),
+             f"max by ({self.by('job_id', 'stage')}) (max_over_time({ALERTS_PIPELINE}[{bucket}]))"),
         ]
         return [Query(name, title, expr, "range") for name, title, expr in specs]
 
     def power_fallback(self) -> Query:
         return Query("power_avg", "average power",
-                     f"sum by ({self.c}) (avg_over_time({gpu.POWER.name}[{self.w}]))", "instant",
+                     f"sum by ({self.cluster_label}) (avg_over_time({gpu.POWER.name}[{self.span}]))", "instant",
                      at=self.window.end)
 
     # -- per incident ------------------------------------------------------------------------------
     def cluster_matcher(self, cluster: str) -> str:
-        return f"{self.c}={q(cluster)}"
+        return f"{self.cluster_label}={quote(cluster)}"
 
     def straggler_detail(self, name: str, cluster: str, job_id: str, rank: str, node: str, gpu_index: str,
                          start: float, end: float) -> Query:
@@ -388,10 +392,10 @@ class Promql:
         incident, and the telemetry that names a cause, each tagged with a `signal` label."""
         rng = f"{max(int(end - start), int(self.grid.step))}s"
         cm = self.cluster_matcher(cluster)
-        job_m = f"{cm}, job_id={q(job_id)}"
-        rank_m = f"{job_m}, rank={q(rank)}"
-        gpu_m = f"{cm}, node={q(node)}, gpu={q(gpu_index)}"
-        node_m = f"{cm}, node={q(node)}"
+        job_m = f"{cm}, job_id={quote(job_id)}"
+        rank_m = f"{job_m}, rank={quote(rank)}"
+        gpu_m = f"{cm}, node={quote(node)}, gpu={quote(gpu_index)}"
+        node_m = f"{cm}, node={quote(node)}"
 
         def data(matchers: str) -> str:
             labels = self.by("job_id", "rank")
@@ -413,7 +417,7 @@ class Promql:
             tag(f"max(max_over_time({gpu.PCIE_MAX_WIDTH.name}{{{gpu_m}}}[{rng}])) - "
                 f"min(min_over_time({gpu.PCIE_WIDTH.name}{{{gpu_m}}}[{rng}]))", "pcie"),
             tag(f"sum(rate({gpu.NVLINK_ERRORS.name}{{{gpu_m}}}[{rng}]))", "nvlink"),
-            tag(f"sum(rate({nic.ERRORS.name}{{{node_m}, counter=~{q(IB_ERROR_COUNTERS)}}}[{rng}])) * 3600", "nic"),
+            tag(f"sum(rate({nic.ERRORS.name}{{{node_m}, counter=~{quote(IB_ERROR_COUNTERS)}}}[{rng}])) * 3600", "nic"),
             tag(f"sum(rate({host.CPU_SECONDS.name}{{{node_m}, mode=\"busy\"}}[{rng}])) "
                 f"/ sum({host.CPUS.name}{{{node_m}}})", "host_cpu"),
         ]
@@ -421,16 +425,16 @@ class Promql:
 
     def gpu_job(self, name: str, cluster: str, node: str, gpu_index: str, at: float) -> Query:
         """Which job held a GPU around an event."""
-        matchers = f"{self.cluster_matcher(cluster)}, node={q(node)}, gpu={q(gpu_index)}"
-        expr = f"max by (job_id, user) (last_over_time({job.GPU_JOB_INFO.name}{{{matchers}}}[{self.r}]))"
+        matchers = f"{self.cluster_matcher(cluster)}, node={quote(node)}, gpu={quote(gpu_index)}"
+        expr = f"max by (job_id, user) (last_over_time({job.GPU_JOB_INFO.name}{{{matchers}}}[{self.bucket}]))"
         return Query(name, f"job of {node} GPU {gpu_index}", expr, "instant", at=at)
 
 
 def probe_queries(settings: ReportSettings, window: Window) -> list[Query]:
     """What is there at all: sample counts of GPU and training series over the window."""
-    w = window.range()
+    span = window.range()
     return [
-        Query("probe_gpu", "GPU telemetry", f"max(count_over_time({gpu.UP.name}[{w}]))", at=window.end),
-        Query("probe_train", "training telemetry", f"max(count_over_time({train.STEPS.name}[{w}]))", at=window.end),
-        Query("probe_prev", "the week before", f"max(count_over_time({gpu.UP.name}[{w}]))", at=window.start),
+        Query("probe_gpu", "GPU telemetry", f"max(count_over_time({gpu.UP.name}[{span}]))", at=window.end),
+        Query("probe_train", "training telemetry", f"max(count_over_time({train.STEPS.name}[{span}]))", at=window.end),
+        Query("probe_prev", "the week before", f"max(count_over_time({gpu.UP.name}[{span}]))", at=window.start),
     ]

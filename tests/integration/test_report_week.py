@@ -24,7 +24,7 @@ from flopwatch.detect import remote_write
 from flopwatch.detect.engine import exact_nodes_for
 from flopwatch.detect.fast_sampler import supported_names
 from flopwatch.detect.sampler import FleetSampler, Recorder
-from flopwatch.report.queries import Promql, probe_queries
+from flopwatch.report.queries import QueryBuilder, probe_queries
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Window, grid_for
 from flopwatch.sim.fleet import Fleet
@@ -68,7 +68,7 @@ STRAGGLER_FAULTS = {"thermal_throttle", "power_cap", "hw_slowdown", "pcie_downgr
 def report_series() -> set[str]:
     """Every FlopWatch series name the report's queries read (that a simulated node exports)."""
     settings, window = ReportSettings(), Window(0.0, 7 * DAY)
-    promql = Promql(settings, window, grid_for(window, STEP), STEP)
+    promql = QueryBuilder(settings, window, grid_for(window, STEP), STEP)
     queries = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
                *promql.hardware_candidates(),
                promql.straggler_arrivals(), promql.power_fallback(), *probe_queries(settings, window),
