@@ -268,3 +268,83 @@ def test_process_groups_give_the_coordinates(gloo):
     group = dist.new_group([0])
     assert integration.group_coordinates(pp=group, dp=group) == {"pp_stage": 0, "pp_size": 1, "dp_rank": 0,
                                                                  "dp_size": 1}
+
+
+def test_the_iteration_is_the_optimizers_step_count_and_survives_a_restore(receiver):
+    """Adam keeps `state["step"]`; a checkpoint of its state_dict brings it back after a restart."""
+    path, last = receiver
+    model = Slow()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    telemetry = integration.instrument(model, _monitor(path), optimizer)
+    _train(model, optimizer, 3)
+    telemetry.close()
+    assert last().iteration == 3
+    checkpoint = {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict())}
+    _train(model, optimizer, 4)                       # progress after the checkpoint, lost in the crash
+    restarted = Slow()                                # a new process restores the checkpoint
+    restarted.load_state_dict(checkpoint["model"])
+    restarted_optimizer = torch.optim.Adam(restarted.parameters(), lr=0.01)
+    restarted_optimizer.load_state_dict(checkpoint["optimizer"])
+    telemetry = integration.instrument(restarted, _monitor(path), restarted_optimizer)
+    _train(restarted, restarted_optimizer, 2)
+    telemetry.close()
+    record = last()
+    assert record.steps == 2 and record.iteration == 5   # below the 7 reached: steps done again
+
+
+def test_an_optimizer_without_a_step_count_sends_the_loops_iteration_or_none(receiver):
+    path, last = receiver
+    model = Slow()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)       # plain SGD keeps no step count
+    telemetry = integration.instrument(model, _monitor(path), optimizer)
+    _train(model, optimizer, 2)
+    telemetry.close()
+    assert last().iteration is None
+    telemetry = integration.instrument(model, _monitor(path), optimizer)
+    x = torch.randn(8, 32)
+    for step in range(100, 103):                     # the loop's own global step
+        telemetry.set_iteration(step)
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    telemetry.close()
+    assert last().iteration == 102
+
+
+def test_a_given_iteration_reader_wins_and_a_failing_one_is_dropped(receiver):
+    path, last = receiver
+    model = Slow()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    trainer = {"step": 40}
+    telemetry = integration.instrument(model, _monitor(path), optimizer, iteration=lambda: trainer["step"])
+    _train(model, optimizer, 1)
+    telemetry.close()
+    assert last().iteration == 40                    # not Adam's 1
+
+    def broken() -> int:
+        raise RuntimeError("no trainer")
+
+    monitor = _monitor(path)
+    telemetry = integration.instrument(model, monitor, optimizer, iteration=broken)
+    _train(model, optimizer, 3)
+    telemetry.close()
+    record = last()
+    assert record.steps == 3 and record.iteration is None and monitor.dropped >= 1
+
+
+def test_a_step_count_on_the_device_is_read_once_then_counted():
+    """`capturable` optimizers keep the count on the device: stands in for a CUDA tensor's device."""
+
+    class DeviceStep:
+        device = torch.device("meta")
+        reads = 0
+
+        def item(self) -> int:
+            DeviceStep.reads += 1
+            return 41
+
+    parameter = nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter])
+    optimizer.state[parameter]["step"] = DeviceStep()
+    read = integration.OptimizerIteration(optimizer)
+    assert [read(), read(), read()] == [41, 42, 43] and DeviceStep.reads == 1

@@ -19,6 +19,14 @@ Marks are taken by hooks, none of them on the communication path:
     after the wrapper's: the gradients are reduced, the comm wait is over;
   * optimizer step pre/post hooks: `optimizer`; the post hook ends the step.
 
+Each step carries the training iteration (so that steps done again after a restart from a
+checkpoint count as lost progress): the loop's, where it gives one (`telemetry.set_iteration(i)`,
+`end_step(iteration=i)`, or `instrument(..., iteration=lambda: trainer.step)`), else the
+optimizer's own step count (`state["step"]` of Adam, AdamW and most torch optimizers, which a
+checkpoint of the optimizer's state_dict restores), read after its step. A count kept on the device
+(`capturable`/`fused` optimizers) is read once and then counted on the host, never synchronising per
+step; an optimizer without one (plain SGD) sends no iteration unless the loop gives it.
+
     data      = forward start - previous step end
     compute   = local backward done - forward start    (forward + backward up to the collective)
     comm      = gradients reduced - local backward done (the wait a straggler imposes on the others)
@@ -43,6 +51,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,12 +119,47 @@ class _StepMarks:
     optimizer_start: Any = None
     end: Any = None
     tokens: float | None = None
+    iteration: int | None = None
+
+
+class OptimizerIteration:
+    """The optimizer's step count after its step: `state["step"]` of its first parameter that has one.
+
+    A count on the host is read every step (cheap); one on the device is read once, then counted
+    here, so that no step waits for the device.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self._counted: int | None = None     # counting on the host since a device read
+
+    def __call__(self) -> int | None:
+        if self._counted is not None:
+            self._counted += 1
+            return self._counted
+        step = self._state_step()
+        if step is None:
+            return None
+        if getattr(step, "device", None) is not None and step.device.type != "cpu":
+            self._counted = int(step.item())     # one synchronisation, at the first step
+            return self._counted
+        return int(step.item()) if hasattr(step, "item") else int(step)
+
+    def _state_step(self) -> Any:
+        state = self.optimizer.state
+        for group in self.optimizer.param_groups:
+            for parameter in group["params"]:
+                step = state[parameter].get("step") if parameter in state else None
+                if step is not None:
+                    return step
+        return None
 
 
 class Instrumentation:
     """Hooks on one model and optimizer feeding a StepMonitor; `close()` removes them."""
 
-    def __init__(self, model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock: Any = None) -> None:
+    def __init__(self, model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock: Any = None,
+                 iteration: Callable[[], int | None] | None = None) -> None:
         import torch
 
         self._torch = torch
@@ -127,6 +171,10 @@ class Instrumentation:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._backward_watched = False
+        self._given_iteration: int | None = None
+        if iteration is None and optimizer is not None:
+            iteration = OptimizerIteration(optimizer)
+        self._iteration = iteration
         if _is_fsdp(model):
             log.warning("flopwatch: FSDP waits for its reductions before any end-of-backward callback of "
                         "ours can run, so its collective time counts as compute and comm reads 0; time "
@@ -190,12 +238,17 @@ class Instrumentation:
             self.monitor._internal_error(error)
 
     # -- step boundaries -----------------------------------------------------------------------
-    def end_step(self, tokens: float | None = None) -> None:
+    def set_iteration(self, iteration: int) -> None:
+        """The training iteration of the step in progress (the loop's global step number)."""
+        self._given_iteration = iteration
+
+    def end_step(self, tokens: float | None = None, iteration: int | None = None) -> None:
         """End the current step (the optimizer post-hook calls this; call it without an optimizer)."""
         end = self.clock.mark()
         with self._lock:
             marks, self._current = self._current, _StepMarks(start=end)
         marks.end, marks.tokens = end, tokens
+        marks.iteration = self._step_iteration(iteration)
         self._pending.append(marks)
         self._report_ready()
 
@@ -210,7 +263,7 @@ class Instrumentation:
                 if len(self._pending) <= MAX_PENDING_STEPS:
                     return
                 self._pending.popleft()         # the device is far behind: count the step anyway
-                self.monitor.record_step(0.0, {}, marks.tokens)
+                self.monitor.record_step(0.0, {}, marks.tokens, marks.iteration)
                 continue
             if not ready:
                 for mark in waited:
@@ -234,7 +287,20 @@ class Instrumentation:
         if marks.optimizer_start is not None:
             phases["optimizer"] = seconds(marks.optimizer_start, marks.end)
         phases = {name: max(0.0, value) for name, value in phases.items()}
-        self.monitor.record_step(max(0.0, seconds(first, marks.end)), phases, marks.tokens)
+        self.monitor.record_step(max(0.0, seconds(first, marks.end)), phases, marks.tokens, marks.iteration)
+
+    def _step_iteration(self, given: int | None) -> int | None:
+        """The iteration of the step that just ended: given to end_step, set by the loop, or read."""
+        if given is None:
+            given, self._given_iteration = self._given_iteration, None
+        if given is not None or self._iteration is None:
+            return given
+        try:
+            return self._iteration()
+        except Exception as error:
+            self._iteration = None               # a reader that fails once is not asked again
+            self.monitor._internal_error(error)
+            return None
 
     def close(self) -> None:
         """Report what is still pending (waiting for the device once, here) and remove the hooks."""
@@ -254,19 +320,21 @@ class Instrumentation:
 
 
 def instrument(model: Any, monitor: StepMonitor, optimizer: Any = None, *, clock: Any = None, mesh: Any = None,
-               pp_group: Any = None, dp_group: Any = None, tp_group: Any = None) -> Instrumentation:
+               pp_group: Any = None, dp_group: Any = None, tp_group: Any = None,
+               iteration: Callable[[], int | None] | None = None) -> Instrumentation:
     """Hook `model` (DDP, FSDP or any module) and `optimizer` to report every step to `monitor`.
 
     `clock`: CpuClock or CudaClock (default: from the model's device). In a 3D-parallel job, pass
     the `DeviceMesh` (torchtitan: its `pp`, `dp` or `dp_replicate`/`dp_shard`, and `tp` dimensions)
     or the pipeline, data- and tensor-parallel process groups, so the rank reports its stage and
-    is compared with its peers.
+    is compared with its peers. `iteration`: returns the training iteration of the step that just
+    ended (default: the optimizer's step count, see the module docstring).
     """
     coordinates = mesh_coordinates(mesh) if mesh is not None else {}
     coordinates.update(group_coordinates(pp=pp_group, dp=dp_group, tp=tp_group))
     if coordinates:
         monitor.set_coordinates(**coordinates)
-    return Instrumentation(model, monitor, optimizer, clock=clock)
+    return Instrumentation(model, monitor, optimizer, clock=clock, iteration=iteration)
 
 
 def mesh_coordinates(mesh: Any) -> dict[str, int]:
