@@ -1,36 +1,21 @@
 """`flopwatch` command line: one subcommand per capability, each with --help.
 
-Exit codes scripts can trust: 0 success, 1 a runtime failure (unreachable server, failed
-check), 2 bad usage or configuration (including "no GPU driver" for the agent), 130 interrupted.
+Exit codes scripts can trust (flopwatch/errors.py): 0 success, 1 a runtime failure (unreachable
+server, failed check), 2 bad usage or configuration (including "no GPU driver" for the agent),
+130 interrupted. Commands raise UsageError or RuntimeFailure; only this module prints them.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 from flopwatch import __version__
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit 2."""
-
-
-class RuntimeFailure(Exception):
-    """An expected runtime failure (server unreachable, check failed): one line, exit 1."""
-
-
-def setup_logging(level: str = "info") -> None:
-    logging.basicConfig(
-        stream=sys.stderr, level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True,
-    )
+from flopwatch.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, RuntimeFailure, UsageError
+from flopwatch.logs import setup_logging  # noqa: F401 - commands not yet moved to flopwatch.logs import it here
 
 
 def _add_agent(sub: argparse._SubParsersAction) -> None:

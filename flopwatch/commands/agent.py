@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from flopwatch import config as cfg
-from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
+from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.exporters.agent import Agent, Collector
 from flopwatch.exporters.attribution import GpuProcesses
 from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.reading import BackendUnavailable
+from flopwatch.logs import setup_logging
 
 if TYPE_CHECKING:
     from flopwatch.exporters.influx import InfluxSink

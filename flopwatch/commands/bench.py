@@ -13,10 +13,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from flopwatch import resources
-from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
 from flopwatch.detect import detect
 from flopwatch.detect.engine import EngineError
 from flopwatch.detect.rules import RuleFileError
+from flopwatch.errors import RuntimeFailure, UsageError
+from flopwatch.logs import setup_logging
 from flopwatch.sim.scenario import ScenarioError, parse_duration
 from flopwatch.stack import ServerError
 

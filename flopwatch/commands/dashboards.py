@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from flopwatch.cli import EXIT_USAGE, RuntimeFailure, UsageError, setup_logging
+from flopwatch.errors import EXIT_USAGE, RuntimeFailure, UsageError
+from flopwatch.logs import setup_logging
 
 log = logging.getLogger("flopwatch.dashboards")
 

@@ -35,7 +35,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from flopwatch import resources
-from flopwatch.cli import RuntimeFailure, UsageError
+from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.exporters.http import Response
 from flopwatch.promql import PromClient, PromError
 from flopwatch.sim.fleet import Fleet, node_name

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flopwatch import config as cfg
-from flopwatch.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
+from flopwatch.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 from flopwatch.exporters.gpu.backend import GpuBackend
 from flopwatch.exporters.gpu.reading import BackendUnavailable, GpuReading
 from flopwatch.hardware import match_device_name

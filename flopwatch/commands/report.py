@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flopwatch.cli import RuntimeFailure, UsageError
+from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.report import ReportSettings, SettingsError, Unreachable, WindowError, build, resolve, write
 from flopwatch.report import settings as report_settings
 

@@ -11,7 +11,8 @@ import time
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from flopwatch import config as cfg
-from flopwatch.cli import RuntimeFailure, UsageError, setup_logging
+from flopwatch.errors import RuntimeFailure, UsageError
+from flopwatch.logs import setup_logging
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario, ScenarioError, load, parse_duration
