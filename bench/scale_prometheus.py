@@ -88,8 +88,8 @@ def sink_volume() -> dict[str, float]:
     """Line protocol per cycle of a real agent (simulated GPUs, this machine's NICs and host), and
     the sink's conversion cost, against rendering the same exposition (the agent's own work)."""
     from flopwatch import config as cfg
-    from flopwatch.commands.agent import build_agent
     from flopwatch.exporters.influx import GZIP_LEVEL, LineProtocolEncoder
+    from flopwatch.exporters.wiring import build_agent
 
     out: dict[str, float] = {}
     for per_link in (True, False):

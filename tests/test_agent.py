@@ -9,8 +9,8 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from flopwatch import __version__
-from flopwatch.commands.agent import build_agent
 from flopwatch.exporters.agent import Agent
+from flopwatch.exporters.wiring import build_agent
 
 
 class Exploding:

@@ -189,7 +189,7 @@ def test_seam_failure_counts_an_error_and_the_mapping_still_works(mapping):
 def test_build_agent_feeds_attribution_from_the_gpu_collector(mapping):
     """build_agent's seam: PIDs and UUIDs come from the GPU collector's last readings (sim backend)."""
     from flopwatch import config as cfg
-    from flopwatch.commands.agent import build_agent, gpu_processes_of
+    from flopwatch.exporters.wiring import build_agent, gpu_processes_of
 
     config = cfg.load(overrides={"backend": "sim", "node": "n1", "sim.gpus": 3,
                                  "attribution.mapping_dir": str(mapping)}, environ={})

@@ -109,9 +109,9 @@ def test_unreachable_kubelet_counts_an_error(tmp_path):
 
 def test_agent_refuses_a_kubelet_socket_without_grpcio(monkeypatch, tmp_path):
     from flopwatch import config as cfg
-    from flopwatch.commands.agent import build_agent
     from flopwatch.errors import UsageError
     from flopwatch.exporters import attribution_kubelet
+    from flopwatch.exporters.wiring import build_agent
 
     monkeypatch.setattr(attribution_kubelet, "grpc_available", lambda: False)
     config = cfg.load(overrides={"backend": "sim", "attribution.kubelet_socket": str(tmp_path / "k.sock")},

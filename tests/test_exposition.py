@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from flopwatch.commands.agent import build_agent
 from flopwatch.exporters.exposition import ExpositionRenderer
+from flopwatch.exporters.wiring import build_agent
 
 
 def parsed(exposition: bytes) -> list:

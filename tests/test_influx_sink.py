@@ -25,7 +25,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from flopwatch import cli
 from flopwatch import config as cfg
 from flopwatch.catalog import sink as catalog
-from flopwatch.commands.agent import build_agent
 from flopwatch.exporters.influx import (
     InfluxSink,
     LineProtocolEncoder,
@@ -34,6 +33,7 @@ from flopwatch.exporters.influx import (
     series_prefix,
 )
 from flopwatch.exporters.influx_buffer import SegmentBuffer
+from flopwatch.exporters.wiring import build_agent
 
 
 # -- a stand-in for the write endpoint ---------------------------------------------------------------

@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 from flopwatch import config as cfg
 from flopwatch.catalog import metrics_of
 from flopwatch.catalog import train as m
-from flopwatch.commands.agent import build_agent
 from flopwatch.config import TrainOptions
 from flopwatch.errors import UsageError
 from flopwatch.exporters.agent import Agent
 from flopwatch.exporters.train_intake import BURST, REASONS, IntakeError, TrainIntake, open_socket
+from flopwatch.exporters.wiring import build_agent
 from flopwatch.train import StepMonitor, wire
 
 NODE = "n1"

@@ -24,11 +24,11 @@ from tls_certs import Pki, basic, make_pki, renew_server_cert
 
 from flopwatch import config as cfg
 from flopwatch.cli import main as cli_main
-from flopwatch.commands.agent import build_agent
 from flopwatch.exporters import http as http_module
 from flopwatch.exporters import webconfig
 from flopwatch.exporters.http import HttpServer, Response
 from flopwatch.exporters.webconfig import BasicAuth, WebAccess, WebConfigError, parse, parse_basic
+from flopwatch.exporters.wiring import build_agent
 
 PASSWORD = "correct-horse-7f3a"
 WRONG = "wrong-battery-91c2"

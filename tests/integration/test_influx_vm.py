@@ -21,9 +21,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flopwatch import config as cfg
-from flopwatch.commands.agent import build_agent
 from flopwatch.exporters.agent import Agent
 from flopwatch.exporters.influx import InfluxSink
+from flopwatch.exporters.wiring import build_agent
 from flopwatch.stack import AgentProcess, VictoriaMetrics
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from flopwatch import config as cfg
-from flopwatch.commands.agent import build_agent
+from flopwatch.exporters.wiring import build_agent
 from flopwatch.promql import PromClient
 from flopwatch.stack import Prometheus
 from flopwatch.stack.servers import scrape_job
