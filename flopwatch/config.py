@@ -227,6 +227,11 @@ FIELDS: dict[str, Field] = {
                                         "/var/lib/kubelet/pod-resources/kubelet.sock (off by default)"),
     "attribution.nic_rails": Field(_optional(_rails), None,
                                    "GPU=DEVICE[:PORT] pairs naming each GPU's NIC rail, e.g. 0=mlx5_0,1=mlx5_1"),
+    "topology.slurm": Field(_optional(_text), None,
+                            "Slurm's topology.conf (tree or block syntax), e.g. /etc/slurm/topology.conf, or none"),
+    "topology.rails": Field(_optional(_text), None,
+                            "a rails YAML naming each NIC's leaf and each leaf's spines, e.g. "
+                            "/etc/flopwatch/rails.yml (docs/network-and-attribution.md), or none"),
     "collectors.gpu": Field(_boolean, True, "true or false"),
     "collectors.nic": Field(_boolean, True, "true or false (InfiniBand, RoCE and Ethernet from sysfs)"),
     "collectors.host": Field(_boolean, True, "true or false (CPU per NUMA node, memory, PSI)"),
@@ -296,6 +301,12 @@ class AttributionOptions:
 
 
 @dataclass(frozen=True)
+class TopologyOptions:
+    slurm: str | None = None
+    rails: str | None = None
+
+
+@dataclass(frozen=True)
 class InfluxOptions:
     url: str | None = None
     org: str = "flopwatch"
@@ -325,6 +336,7 @@ class AgentConfig:
     train: TrainOptions = TrainOptions(default_socket_path(), None, 64, 1024, 300.0)
     influx: InfluxOptions = InfluxOptions()
     web_config: str | None = None
+    topology: TopologyOptions = TopologyOptions()
 
     @property
     def values(self) -> dict[str, Any]:
@@ -449,6 +461,7 @@ def load(
         host=HostOptions(**_section(parsed, "host")),
         attribution=AttributionOptions(**_section(parsed, "attribution")),
         influx=InfluxOptions(**_section(parsed, "influx")),
+        topology=TopologyOptions(**_section(parsed, "topology")),
         train=TrainOptions(**{**_section(parsed, "train"),
                               "socket": parsed["train.socket"] or default_socket_path(environ)}),
     )

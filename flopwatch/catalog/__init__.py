@@ -2,7 +2,7 @@
 
 Collectors build their families from these specs, `docs/metrics.md` is generated from them and
 tests read them, so a metric name is spelled exactly once in the code base. Each family lives in
-its own module (gpu, nic, host, train, job, agent) so capabilities can grow independently.
+its own module (gpu, nic, fabric, host, train, job, agent) so capabilities can grow independently.
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ class Metric:
 
 
 def _modules() -> list[ModuleType]:
-    from flopwatch.catalog import agent, gpu, host, job, nic, sink, train
+    from flopwatch.catalog import agent, fabric, gpu, host, job, nic, sink, train
 
-    return [agent, gpu, nic, host, job, train, sink]
+    return [agent, gpu, nic, fabric, host, job, train, sink]
 
 
 def metrics_of(module: ModuleType) -> list[Metric]:

@@ -72,6 +72,11 @@ class NicCollector:
                 log.info("nic: %s vanished", device.removeprefix("net:"))
         self._devices = devices
 
+    @property
+    def last_scan(self) -> SysfsScan:
+        """The last update's reading (the fabric collector maps these ports to their leaf)."""
+        return self._scan
+
     def close(self) -> None:
         pass
 
