@@ -1,6 +1,6 @@
 """The agent's own health: how long each collector takes, how often it fails, what version runs."""
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 
 COLLECTOR_DURATION = Metric(
     "flopwatch_collector_duration_seconds", "gauge", "seconds",

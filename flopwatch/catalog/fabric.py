@@ -6,7 +6,7 @@ agents under the same leaf serve the same switch lines, and rules dedupe them wi
 `max by (switch, parent)`.
 """
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 
 LINK_INFO = Metric(
     "flopwatch_fabric_link_info", "gauge", "",

@@ -4,7 +4,7 @@ Every GPU series carries `gpu` (the NVML index); `flopwatch_gpu_info` maps that 
 UUID and model, so rules join on (node, gpu) and dashboards show names.
 """
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 
 GPU = ("gpu",)
 GPM = "GPM on Hopper and newer, or DCGM profiling fields; absent elsewhere"

@@ -5,7 +5,7 @@ node_exporter remains the general host exporter; these few series exist so a rul
 cores next to GPU 3 were saturated" without joining per-CPU series from another exporter.
 """
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 
 CPU_SECONDS = Metric(
     "flopwatch_host_cpu_seconds_total", "counter", "seconds",

@@ -5,7 +5,7 @@ Several jobs sharing a GPU (MPS, time-slicing, MIG slices of one GPU) give sever
 for that GPU; a GPU no source claims has none.
 """
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 
 GPU_JOB_INFO = Metric(
     "flopwatch_gpu_job_info", "gauge", "",

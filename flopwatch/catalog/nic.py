@@ -6,7 +6,7 @@ RDMA series carry `device` (e.g. mlx5_0) and `port` (1-based); Ethernet series c
 interface count the same wire twice: never add them up.
 """
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 
 PORT = ("device", "port")
 NET = ("device",)

@@ -4,7 +4,7 @@ Present only while the agent writes to an InfluxDB v2 write API (`influx.url` se
 counted as line-protocol lines: one per exported sample.
 """
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 
 INFLUX_POINTS_WRITTEN = Metric(
     "flopwatch_influx_points_written_total", "counter", "",

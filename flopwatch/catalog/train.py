@@ -13,7 +13,7 @@ MFU per job = sum(rate(flopwatch_train_model_flops_total)) / sum(GPUs x peak den
 The straggler is the rank with the most `compute` (or the least `comm`) phase seconds per step.
 """
 
-from flopwatch.catalog import Metric
+from flopwatch.catalog.metric import Metric
 from flopwatch.train.wire import STEP_BUCKETS  # clients keep the histogram, so the wire owns buckets
 
 RANK = ("job_id", "rank", "gpu", "stage", "dp_rank")

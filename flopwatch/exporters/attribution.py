@@ -12,8 +12,8 @@ that names any job for a GPU wins for that GPU:
 3. The kubelet pod-resources socket (optional, off by default): namespace/pod as job_id, the
    namespace as user.
 
-The PIDs on each GPU come through a narrow seam, a callable returning `GpuProcesses` (build_agent in
-reads the GPU collector's last readings); this module never touches GPU hardware. A job ending
+The PIDs on each GPU come through a narrow seam, a callable returning `GpuProcesses` (wiring.py's
+build_agent reads the GPU collector's last readings); this module never touches GPU hardware. A job ending
 removes its series on the next cycle because every cycle rebuilds the claims from scratch.
 
 Sample output:
