@@ -22,7 +22,7 @@ from fakes.fake_pynvml import FakeNvml, a100, h100
 from flopwatch import __version__
 from flopwatch import config as cfg
 from flopwatch.exporters.gpu import dcgm as dcgm_module
-from flopwatch.exporters.gpu import xid as xid_module
+from flopwatch.exporters.gpu import xid_events
 from flopwatch.exporters.gpu.dcgm import DcgmBackend
 from flopwatch.exporters.gpu.reading import BackendUnavailable
 
@@ -41,7 +41,7 @@ class Rig(BackendRig):
 
 @pytest.fixture
 def rigs(monkeypatch):
-    monkeypatch.setattr(xid_module, "WAIT_MS", 50)
+    monkeypatch.setattr(xid_events, "WAIT_MS", 50)
     made: list[Rig] = []
 
     def make(gpus, engine=None, **overrides) -> Rig:

@@ -19,7 +19,7 @@ from fakes.fake_pynvml import FakeNvml, h100
 
 from flopwatch import config as cfg
 from flopwatch.exporters.gpu import dcgm as dcgm_module
-from flopwatch.exporters.gpu import xid as xid_module
+from flopwatch.exporters.gpu import xid_events
 from flopwatch.exporters.gpu.reading import BackendUnavailable
 from flopwatch.exporters.gpu.select import make_backend
 
@@ -29,7 +29,7 @@ TIMEOUT_S = 60
 @pytest.fixture
 def started(monkeypatch, tmp_path):
     """make_backend() for a backend choice, with DCGM bindings hidden unless a test installs them."""
-    monkeypatch.setattr(xid_module, "WAIT_MS", 50)
+    monkeypatch.setattr(xid_events, "WAIT_MS", 50)
     monkeypatch.setattr(dcgm_module, "DCGM_BINDINGS", tmp_path / "no-dcgm")
     fake_dcgm.hide(monkeypatch)
     backends = []

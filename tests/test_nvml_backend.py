@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flopwatch import __version__
 from flopwatch import config as cfg
-from flopwatch.exporters.gpu import xid as xid_module
+from flopwatch.exporters.gpu import xid_events
 from flopwatch.exporters.gpu.nvml import NvmlBackend
 from flopwatch.exporters.gpu.reading import BackendUnavailable, GpuReadError
 
@@ -50,7 +50,7 @@ class Rig(BackendRig):
 
 @pytest.fixture
 def rigs(monkeypatch):
-    monkeypatch.setattr(xid_module, "WAIT_MS", 50)  # faster teardown; the stop test below uses the real wait
+    monkeypatch.setattr(xid_events, "WAIT_MS", 50)  # faster teardown; the stop test below uses the real wait
     made: list[Rig] = []
 
     def make(gpus, **overrides) -> Rig:
@@ -371,7 +371,7 @@ def test_a_gpu_lost_before_start_is_down_and_recovers_later():
 
 
 def test_stop_ends_the_xid_thread_promptly_and_releases_nvml(rigs, monkeypatch):
-    monkeypatch.setattr(xid_module, "WAIT_MS", 500)
+    monkeypatch.setattr(xid_events, "WAIT_MS", 500)
     rig = rigs([h100(0), a100(1)])
     assert rig.backend.xids.wait_ms == 500
     rig.collect()

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_nvml_backend import wait_for
 
 from flopwatch import config as cfg
-from flopwatch.exporters.gpu import xid as xid_module
+from flopwatch.exporters.gpu import xid_events
 from flopwatch.exporters.gpu.nvml import NvmlBackend
 from flopwatch.exporters.gpu.reading import BackendUnavailable, GpuReadError
 
@@ -48,7 +48,7 @@ class Rig(BackendRig):
 
 @pytest.fixture
 def rig(driver, state, monkeypatch) -> Iterator[object]:
-    monkeypatch.setattr(xid_module, "WAIT_MS", 50)
+    monkeypatch.setattr(xid_events, "WAIT_MS", 50)
     made: list[Rig] = []
 
     def make(**overrides: object) -> Rig:
@@ -99,7 +99,7 @@ def test_values_arrive_in_base_units_from_the_driver_units(rig, state):
 
 @pytest.mark.parametrize("model", ["H100", "H200", "A100", "B200"])
 def test_every_model_is_named_as_nvml_names_it_and_gets_its_dense_peak(driver, state, model, monkeypatch):
-    monkeypatch.setattr(xid_module, "WAIT_MS", 50)
+    monkeypatch.setattr(xid_events, "WAIT_MS", 50)
     state.gpus = state.gpus[:1]
     state.gpus[0].model = model
     state.write()

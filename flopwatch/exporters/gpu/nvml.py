@@ -33,7 +33,7 @@ from flopwatch.exporters.gpu.reading import (
     GpuReading,
     NvLinkReading,
 )
-from flopwatch.exporters.gpu.xid import XidWatcher
+from flopwatch.exporters.gpu.xid_events import XidWatcher
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""XID counting: NVML delivers XIDs as events, so a daemon thread waits on an event set.
+"""XID events: NVML delivers XIDs as events, not values, so a daemon thread waits on an event set
+and counts them per GPU and code (the table of what each code means is flopwatch/xid.py).
 
 XIDs are the driver's error reports (13 graphics exception, 48 double-bit ECC, 79 fallen off the
 bus, ...). They cannot be polled: a device is registered for `nvmlEventTypeXidCriticalError` on an
