@@ -15,9 +15,10 @@ import numpy as np
 
 from flopwatch.catalog import train as train_metrics
 from flopwatch.exporters.gpu.simulated import SimulatedGpu, Workload
+from flopwatch.sim.fabric import FabricFaults
 from flopwatch.sim.jobs import PHASES, JobRunner, StepResult
 from flopwatch.sim.nic import SimulatedNic
-from flopwatch.sim.scenario import FaultSpec, Scenario, parse_fault
+from flopwatch.sim.scenario import FABRIC_KINDS, FaultSpec, Scenario, node_name, parse_fault
 from flopwatch.sim.truth import JobTruth, Truth
 from flopwatch.train.wire import COMM_MIN_BLOCK
 
@@ -27,10 +28,6 @@ TRACE_WORKER_KIND = "trace_worker"
 SERIES_EXPIRY_S = 300.0   # a finished job's step series linger this long, like the agent's intake
 #: Step-time histogram bounds: the intake's (catalogue) plus +Inf.
 STEP_BUCKETS = (*train_metrics.STEP_BUCKETS, math.inf)
-
-
-def node_name(index: int) -> str:
-    return f"node{index:04d}"
 
 
 @dataclass
@@ -160,6 +157,7 @@ class Fleet:
             self.truth.jobs[spec.id] = truth
         self._xid_fired: set[int] = set()
         self._restored: set[int] = set()
+        self.fabric_faults = FabricFaults(self, scenario.fabric) if scenario.fabric is not None else None
         for fault in scenario.faults:
             self.truth.faults.append(self._fault_truth(fault))
         for state in self.jobs.values():
@@ -296,7 +294,7 @@ class Fleet:
         data.update({k: v for k, v in (("gpu", gpu), ("nic", nic), ("slowdown", slowdown), ("xid", xid))
                      if v is not None})
         fault = parse_fault(data, f"injected[{len(self.scenario.faults)}]", len(self.scenario.faults),
-                            self.scenario.fleet, self.t + duration + 1)
+                            self.scenario.fleet, self.t + duration + 1, self.scenario.fabric)
         self.scenario.faults.append(fault)
         self.truth.faults.append(self._fault_truth(fault))
         return fault
@@ -325,6 +323,10 @@ class Fleet:
                         slow.stalled = True
 
     def _apply(self, fault: FaultSpec, t: float) -> None:
+        if fault.node is None:            # a switch or an uplink: the fabric's
+            if self.fabric_faults is not None and fault.start <= t < fault.end:
+                self.fabric_faults.apply(fault)
+            return
         node = self.nodes[fault.node]
         state = self.active_job(node)
         gpu = node.gpus[fault.gpu] if fault.gpu is not None else None
@@ -358,7 +360,7 @@ class Fleet:
             gpu.faults.nvlink_errors_per_s = 5.0
             if state is not None:
                 state.runner.slow.comm_extra += step_extra
-        elif kind in ("slow_nic", "nic_link_flap"):
+        elif kind in ("slow_nic", "nic_link_flap", "cable_flap"):
             nic = node.nics[fault.nic]
             if kind == "slow_nic":
                 nic.faults.slow = 0.5
@@ -403,10 +405,17 @@ class Fleet:
         job = next((j for j in self.jobs.values() if fault.node in j.runner.spec.nodes
                     and j.runner.spec.start <= fault.start < (j.runner.spec.end or math.inf)), None)
         rank = job.rank_of(fault.node, fault.gpu) if job is not None and fault.gpu is not None else None
-        return {
-            "index": fault.index, "kind": fault.kind, "cause": fault.cause, "node": node_name(fault.node),
+        record = {
+            "index": fault.index, "kind": fault.kind, "cause": fault.cause,
+            "node": node_name(fault.node) if fault.node is not None else None,
             "node_index": fault.node, "gpu": fault.gpu, "nic": fault.nic,
             "device": f"mlx5_{fault.nic}" if fault.nic is not None else None,
             "job_id": job.runner.spec.id if job else None, "rank": rank,
             "start": fault.start, "end": fault.end, "slowdown": fault.slowdown, "xid": fault.xid,
         }
+        if fault.kind in FABRIC_KINDS and self.fabric_faults is not None:
+            record.update(self.fabric_faults.truth(fault))
+            jobs = record.get("jobs")
+            if record["job_id"] is None and jobs:
+                record["job_id"] = jobs[0]
+        return record

@@ -26,13 +26,16 @@ from typing import Any
 import yaml
 
 from flopwatch.hardware import GpuModel, known_names, model_by_name
+from flopwatch.topology.model import Fabric
 from flopwatch.train.flops import DecoderShape
 
 #: Shortest healthy step the simulator accepts: it advances step by step, so a sub-millisecond
 #: step (a toy model on many GPUs) would make one tick take minutes.
 MIN_STEP_SECONDS = 0.05
 
-#: Fault kind -> (what it names: "gpu", "nic" or "node"; the alert cause it should produce).
+#: Fault kind -> (what it names: "gpu", "nic", "node", "switch" (a leaf), "uplink" (a leaf's link to
+#: an upper switch) or "link" (one cable: node, NIC and its leaf); the alert cause it should produce,
+#: for switch_degrade the fault's `mode`).
 FAULT_KINDS: dict[str, tuple[str, str]] = {
     "thermal_throttle": ("gpu", "thermal"),
     "power_cap": ("gpu", "power"),
@@ -46,12 +49,22 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "host_cpu_contention": ("node", "host_cpu"),
     "dataloader_stall": ("node", "dataloader"),
     "gc_pause": ("node", "unknown"),
+    "switch_degrade": ("switch", "errors"),
+    "uplink_slow": ("uplink", "congestion"),
+    "cable_flap": ("link", "nic"),
 }
+#: What a degrading switch does to every port beneath it (`mode:` of switch_degrade).
+SWITCH_MODES = ("errors", "rate", "flap")
+#: Fault kinds that need the scenario's `fabric:`.
+FABRIC_KINDS = {"switch_degrade", "uplink_slow", "cable_flap"}
 #: Default fractional slowdown of the affected rank(s) per fault kind, when the file gives none.
 DEFAULT_SLOWDOWN = {
     "thermal_throttle": 0.08, "power_cap": 0.08, "hw_slowdown": 0.1, "pcie_downgrade": 0.05,
     "nvlink_errors": 0.05, "slow_nic": 0.1, "nic_link_flap": 0.05, "host_cpu_contention": 0.08,
     "dataloader_stall": 0.1, "gc_pause": 0.05, "xid": 0.0, "gpu_lost": 0.0,
+    # fabric faults: switch_degrade and uplink_slow slow a job's communication by this fraction
+    # (its step by slowdown x its communication share); cable_flap as nic_link_flap
+    "switch_degrade": 0.5, "uplink_slow": 0.5, "cable_flap": 0.05,
 }
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -60,6 +73,11 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 class ScenarioError(ValueError):
     """The scenario file is wrong; the message names the field and what is expected."""
+
+
+def node_name(index: int) -> str:
+    """The simulated node's name: what its agent labels `node` and what a `fabric:` names."""
+    return f"node{index:04d}"
 
 
 def parse_duration(value: Any, where: str) -> float:
@@ -144,7 +162,7 @@ class JobSpec:
 @dataclass(frozen=True)
 class FaultSpec:
     kind: str
-    node: int
+    node: int | None        # None for switch and uplink faults
     gpu: int | None
     nic: int | None
     start: float
@@ -152,6 +170,9 @@ class FaultSpec:
     slowdown: float
     xid: int | None
     index: int  # position in the file, for truth and messages
+    switch: str | None = None   # the leaf a fabric fault hits (cable_flap: the port's leaf)
+    uplink: str | None = None   # uplink_slow: the upper end of the slow link
+    mode: str | None = None     # switch_degrade: errors, rate or flap
 
     @property
     def target(self) -> str:
@@ -159,7 +180,7 @@ class FaultSpec:
 
     @property
     def cause(self) -> str:
-        return FAULT_KINDS[self.kind][1]
+        return self.mode if self.kind == "switch_degrade" and self.mode else FAULT_KINDS[self.kind][1]
 
 
 @dataclass(frozen=True)
@@ -180,6 +201,7 @@ class Scenario:
     jobs: list[JobSpec]
     faults: list[FaultSpec] = field(default_factory=list)
     source: str = ""
+    fabric: Fabric | None = None     # `fabric:`, over the fleet's node names
 
 
 class _Reader:
@@ -239,7 +261,8 @@ class _Reader:
 
 def parse(data: Any, source: str = "") -> Scenario:
     top = _Reader(data, "")
-    top.check_keys({"name", "seed", "duration", "scrape_interval", "fleet", "jobs", "faults", "description"})
+    top.check_keys({"name", "seed", "duration", "scrape_interval", "fleet", "jobs", "faults", "description",
+                    "fabric"})
     fleet_r = _Reader(top.raw("fleet"), "fleet")
     fleet_r.check_keys({"nodes", "gpus_per_node", "gpu_model", "nics_per_node"})
     model_name = fleet_r.text("gpu_model", "H100-SXM")
@@ -287,10 +310,13 @@ def parse(data: Any, source: str = "") -> Scenario:
     faults_raw = top.raw("faults", [])
     if not isinstance(faults_raw, list):
         raise ScenarioError("faults: expected a list of faults")
-    faults = [parse_fault(item, f"faults[{i}]", i, fleet, duration) for i, item in enumerate(faults_raw)]
+    from flopwatch.sim import fabric as fabric_spec
+
+    fabric = fabric_spec.parse_fabric(top, fleet, base)
+    faults = [parse_fault(item, f"faults[{i}]", i, fleet, duration, fabric) for i, item in enumerate(faults_raw)]
     return Scenario(
         name=top.text("name", "scenario"), seed=top.integer("seed", 0, 2**32 - 1, 0), duration=duration,
-        scrape_interval=scrape_interval, fleet=fleet, jobs=jobs, faults=faults, source=source,
+        scrape_interval=scrape_interval, fleet=fleet, jobs=jobs, faults=faults, source=source, fabric=fabric,
     )
 
 
@@ -421,40 +447,55 @@ def _job_nodes(r: _Reader, where: str, fleet: FleetSpec, trace: TraceSpec | None
     return nodes
 
 
-def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: float) -> FaultSpec:
+def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: float,
+                fabric: Fabric | None = None) -> FaultSpec:
     r = _Reader(data, where)
-    r.check_keys({"kind", "node", "gpu", "nic", "start", "duration", "slowdown", "xid"})
+    r.check_keys({"kind", "node", "gpu", "nic", "start", "duration", "slowdown", "xid", "switch", "uplink", "mode"})
     kind = r.text("kind")
     if kind not in FAULT_KINDS:
         raise ScenarioError(f"{where}.kind: unknown fault kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
+    if kind in FABRIC_KINDS:
+        from flopwatch.sim import fabric as fabric_spec
+
+        return fabric_spec.parse_fabric_fault(r, kind, index, fleet, duration, fabric)
     node = r.integer("node", 0, 10**9)
     if node >= fleet.nodes:
         raise ScenarioError(f"{where}.node: node {node} is out of range (the fleet has nodes 0-{fleet.nodes - 1})")
     target = FAULT_KINDS[kind][0]
     gpu = nic = None
+    if target in ("nic", "link"):
+        nic = _nic(r, kind, fleet)
     if target == "gpu":
         gpu = r.integer("gpu", 0, 10**9, 0)
         if gpu >= fleet.gpus_per_node:
             raise ScenarioError(f"{where}.gpu: GPU {gpu} is out of range (nodes have GPUs 0-{fleet.gpus_per_node - 1})")
-    if target == "nic":
-        if fleet.nics_per_node == 0:
-            raise ScenarioError(f"{where}: a {kind} fault needs NICs, but fleet.nics_per_node is 0")
-        nic = r.integer("nic", 0, 10**9, 0)
-        if nic >= fleet.nics_per_node:
-            raise ScenarioError(f"{where}.nic: NIC {nic} is out of range (nodes have NICs 0-{fleet.nics_per_node - 1})")
-    start = r.duration("start")
-    if start >= duration:
-        raise ScenarioError(f"{where}.start: the fault would start after the scenario ends")
-    length = r.duration("duration", duration - start)
+    start, end = _window(r, duration)
     xid = None
     if kind == "xid":
         xid = r.integer("xid", 1, 1000)
     elif kind == "gpu_lost":
         xid = 79
     return FaultSpec(
-        kind=kind, node=node, gpu=gpu, nic=nic, start=start, end=min(duration, start + length),
+        kind=kind, node=node, gpu=gpu, nic=nic, start=start, end=end,
         slowdown=r.number("slowdown", 0, 0.9, DEFAULT_SLOWDOWN[kind]), xid=xid, index=index,
     )
+
+
+def _nic(r: _Reader, kind: str, fleet: FleetSpec) -> int:
+    if fleet.nics_per_node == 0:
+        raise ScenarioError(f"{r.where}: a {kind} fault needs NICs, but fleet.nics_per_node is 0")
+    nic = r.integer("nic", 0, 10**9, 0)
+    if nic >= fleet.nics_per_node:
+        raise ScenarioError(f"{r.where}.nic: NIC {nic} is out of range (nodes have NICs 0-{fleet.nics_per_node - 1})")
+    return nic
+
+
+def _window(r: _Reader, duration: float) -> tuple[float, float]:
+    """The fault's (start, end), the end clipped to the scenario."""
+    start = r.duration("start")
+    if start >= duration:
+        raise ScenarioError(f"{r.where}.start: the fault would start after the scenario ends")
+    return start, min(duration, start + r.duration("duration", duration - start))
 
 
 def load(path: str | Path) -> Scenario:
