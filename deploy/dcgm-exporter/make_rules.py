@@ -24,6 +24,8 @@ CLOCK_EVENT_BITS = (("idle", 1), ("sw_power_cap", 4), ("hw_slowdown", 8), ("sync
                     ("sw_thermal", 32), ("hw_thermal", 64), ("hw_power_brake", 128))
 #: MIG compute slices out of the 7 of an A100/H100/H200/B200 (GPU_I_PROFILE "3g.40gb" -> 3).
 MIG_SLICES = 7
+#: Bytes per second in one unit of DCGM's NVLink throughput field (KiB/s divided by 1000).
+NVLINK_UNIT_BYTES = 1024 * 1000
 CLOCK_TABLE = "model:flopwatch_gpu_sm_clock_max_hertz:hardware"
 PEAK_TABLE = "model_dtype:flopwatch_gpu_peak_dense_flops:hardware"
 HEADER = """\
@@ -180,9 +182,14 @@ def slow_rules() -> list[dict]:
         # <this>`): a canonical record over every agent's series would cost ~5 ms per 1,000 GPUs each.
         gauge("node_gpu:flopwatch_gpu_memory_clock_hertz:dcgm", "DCGM_FI_DEV_MEM_CLOCK", "1e6 * "),
         gauge("node_gpu:flopwatch_gpu_memory_used_bytes:dcgm", "DCGM_FI_DEV_FB_USED", "1048576 * "),
-        # Typed counter by dcgm-exporter, but DCGM's field holds a rate (MB/s over all links): read as a
-        # gauge, never rate()d.
-        gauge("node_gpu:flopwatch_gpu_nvlink_bytes:dcgm_rate", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "1e6 * "),
+        # Typed counter by dcgm-exporter, but DCGM's field 449 holds a rate: read as a gauge, never
+        # rate()d. DCGM (dcgmlib/src/DcgmCacheManager.cpp, ReadAndCacheNvLinkBandwidth) differences
+        # NVML's RX + TX NVLink throughput counters, which count KiB, over its own sampling interval
+        # and divides by 1000; the field's unit is DCGM_FIELD_UNIT_BW_MBPS ("MB/s"), so 1 = 1,024,000
+        # bytes/s, both directions over all links. (DCGM 4.6 names the field
+        # DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL, this name an alias; dcgm-exporter's CSVs use this one.)
+        gauge("node_gpu:flopwatch_gpu_nvlink_bytes:dcgm_rate", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+              f"{NVLINK_UNIT_BYTES} * "),
     ]
 
 
