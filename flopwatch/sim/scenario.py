@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from flopwatch.hardware import GpuModel, known_names, model_by_name
-from flopwatch.topology.model import Fabric
+from flopwatch.topology.model import Fabric, TopologyError
 from flopwatch.train.flops import DecoderShape
 
 #: Shortest healthy step the simulator accepts: it advances step by step, so a sub-millisecond
@@ -310,9 +310,7 @@ def parse(data: Any, source: str = "") -> Scenario:
     faults_raw = top.raw("faults", [])
     if not isinstance(faults_raw, list):
         raise ScenarioError("faults: expected a list of faults")
-    from flopwatch.sim import fabric as fabric_spec
-
-    fabric = fabric_spec.parse_fabric(top, fleet, base)
+    fabric = parse_fabric(top, fleet, base)
     faults = [parse_fault(item, f"faults[{i}]", i, fleet, duration, fabric) for i, item in enumerate(faults_raw)]
     return Scenario(
         name=top.text("name", "scenario"), seed=top.integer("seed", 0, 2**32 - 1, 0), duration=duration,
@@ -455,9 +453,7 @@ def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: f
     if kind not in FAULT_KINDS:
         raise ScenarioError(f"{where}.kind: unknown fault kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
     if kind in FABRIC_KINDS:
-        from flopwatch.sim import fabric as fabric_spec
-
-        return fabric_spec.parse_fabric_fault(r, kind, index, fleet, duration, fabric)
+        return parse_fabric_fault(r, kind, index, fleet, duration, fabric)
     node = r.integer("node", 0, 10**9)
     if node >= fleet.nodes:
         raise ScenarioError(f"{where}.node: node {node} is out of range (the fleet has nodes 0-{fleet.nodes - 1})")
@@ -496,6 +492,91 @@ def _window(r: _Reader, duration: float) -> tuple[float, float]:
     if start >= duration:
         raise ScenarioError(f"{r.where}.start: the fault would start after the scenario ends")
     return start, min(duration, start + r.duration("duration", duration - start))
+
+
+def parse_fabric(top: _Reader, fleet: FleetSpec, base: Path) -> Fabric | None:
+    """`fabric: {rail_optimised: true, nodes_per_leaf, spines}` or `{topology: FILE, rails: FILE}`
+    (paths relative to the scenario file), over the fleet's node names."""
+    if not top.has("fabric"):
+        return None
+    r = _Reader(top.raw("fabric"), "fabric")
+    r.check_keys({"rail_optimised", "nodes_per_leaf", "spines", "topology", "rails"})
+    names = [node_name(i) for i in range(fleet.nodes)]
+    if r.raw("rail_optimised", False) is True:
+        for key in ("topology", "rails"):
+            if r.has(key):
+                raise ScenarioError(f"fabric.{key}: a rail_optimised fabric is generated; drop this field or "
+                                    "rail_optimised")
+        if fleet.nics_per_node == 0:
+            raise ScenarioError("fabric.rail_optimised: needs NICs, but fleet.nics_per_node is 0")
+        return Fabric.rail_optimised(names, fleet.nics_per_node, r.integer("nodes_per_leaf", 1, 100_000, 16),
+                                     r.integer("spines", 1, 1024, 4))
+    if not (r.has("topology") or r.has("rails")):
+        raise ScenarioError("fabric: expected `rail_optimised: true` or `topology:` and/or `rails:` files")
+    from flopwatch.topology.rails import read_rails
+    from flopwatch.topology.slurm import read_topology_conf
+
+    def path(key: str) -> Path:
+        given = Path(r.text(key))
+        return given if given.is_absolute() else (base / given).resolve()
+
+    try:
+        fabric = read_topology_conf(path("topology"), known_nodes=names) if r.has("topology") else None
+        if r.has("rails"):
+            fabric = read_rails(path("rails"), fabric, known_nodes=names)
+    except (TopologyError, OSError) as error:
+        raise ScenarioError(f"fabric: {error}") from None
+    return fabric
+
+
+def parse_fabric_fault(r: _Reader, kind: str, index: int, fleet: FleetSpec, duration: float,
+                  fabric: Fabric | None) -> FaultSpec:
+    """switch_degrade {switch, mode}, uplink_slow {switch, uplink}, cable_flap {node, nic}: named
+    in the scenario's fabric."""
+    where = r.where
+    if fabric is None:
+        raise ScenarioError(f"{where}: a {kind} fault needs the scenario's `fabric:` (which switches there are)")
+    allowed = {"kind", "start", "duration", "slowdown"} | (
+        {"node", "nic"} if kind == "cable_flap" else {"switch", "mode" if kind == "switch_degrade" else "uplink"})
+    r.check_keys(allowed)
+    node = nic = uplink = mode = None
+    if kind == "cable_flap":
+        node = r.integer("node", 0, 10**9)
+        if node >= fleet.nodes:
+            raise ScenarioError(f"{where}.node: node {node} is out of range (the fleet has nodes 0-{fleet.nodes - 1})")
+        nic = _nic(r, kind, fleet)
+        switch = port_switch(fabric, node_name(node), nic)
+        if switch is None:
+            raise ScenarioError(f"{where}: the fabric does not say which leaf {node_name(node)} NIC {nic} plugs into")
+    else:
+        switch = r.text("switch")
+        leaves = sorted(s.name for s in fabric.switches.values() if s.level == "leaf")
+        if switch not in leaves:
+            shown = ", ".join(leaves[:6]) + (", ..." if len(leaves) > 6 else "")
+            raise ScenarioError(f"{where}.switch: {switch!r} is no leaf switch of the fabric (leaves: {shown})")
+        if kind == "switch_degrade":
+            mode = r.text("mode", "errors")
+            if mode not in SWITCH_MODES:
+                raise ScenarioError(f"{where}.mode: expected one of {', '.join(SWITCH_MODES)}, got {mode!r}")
+        else:
+            uplink = r.text("uplink")
+            if uplink not in fabric.uplinks(switch):
+                raise ScenarioError(f"{where}.uplink: {switch} has no uplink to {uplink!r} "
+                                    f"(it has: {', '.join(fabric.uplinks(switch)) or 'none'})")
+    start, end = _window(r, duration)
+    return FaultSpec(kind=kind, node=node, gpu=None, nic=nic, start=start, end=end,
+                     slowdown=r.number("slowdown", 0, 0.9, DEFAULT_SLOWDOWN[kind]), xid=None, index=index,
+                     switch=switch, uplink=uplink, mode=mode)
+
+
+def port_switch(fabric: Fabric, node: str, nic: int) -> str | None:
+    """The leaf NIC `nic` (mlx5_<nic>) of `node` plugs into: its link, else the node's only leaf."""
+    device = f"mlx5_{nic}"
+    for link in fabric.links:
+        if link.node == node and link.device == device:
+            return link.switch
+    leaves = fabric.leaves_of(node)
+    return leaves[0] if len(leaves) == 1 else None
 
 
 def load(path: str | Path) -> Scenario:
