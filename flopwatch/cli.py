@@ -116,8 +116,20 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=doctor.run)
 
 
+def _add_rules(sub: argparse._SubParsersAction) -> None:
+    from flopwatch.commands import rules
+
+    parser = sub.add_parser(
+        "rules", help="build the alert rules, Alertmanager files and dashboards from one settings file",
+        description="`flopwatch rules build [--config FILE] --out DIR` renders FlopWatch's rule templates with "
+        "your selectors, dtype, thresholds, severities and URLs (docs/configuration.md).",
+    )
+    rules.add_arguments(parser)
+
+
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_agent, _add_sim, _add_demo, _add_docs, _add_bench, _add_dashboards, _add_report, _add_doctor,
+    _add_agent, _add_sim, _add_demo, _add_docs, _add_bench, _add_dashboards, _add_rules, _add_report,
+    _add_doctor,
 )
 
 

@@ -16,6 +16,8 @@ import yaml
 from flopwatch import xid
 from flopwatch.catalog import by_name
 from flopwatch.commands.demo import alertmanager_config
+from flopwatch.mixin import names
+from flopwatch.mixin.config import MixinConfig
 from flopwatch.stack.process import MissingBinary, require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,24 +25,11 @@ ALERTS = ROOT / "alerts"
 RULE_FILES = sorted(p for p in ALERTS.glob("*.yml") if p.name != "alertmanager.yml")
 TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
 
-#: The shared contract (contract.md): names other work relies on.
-CONTRACT_RECORDS = {
-    "job_id:flopwatch_model_flops:rate1m", "job_id:flopwatch_hardware_flops:rate1m",
-    "job_id:flopwatch_peak_flops:sum", "job_id:flopwatch_mfu:ratio", "job_id:flopwatch_hfu:ratio",
-    "job_id:flopwatch_mfu_telemetry:ratio", "cluster:flopwatch_mfu:ratio", "fleet:flopwatch_mfu:ratio",
-    "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_badput:ratio", "job_id:flopwatch_step_seconds:mean1m",
-    "job_id_rank:flopwatch_compute_seconds_per_step:rate1m", "job_id_rank:flopwatch_straggler_score:ratio",
-    "node_gpu:flopwatch_gpu_straggler_score:ratio", "cluster:flopwatch_gpus:count",
-    "job_id:flopwatch_step_time_lost:ratio", "job_id_class:flopwatch_step_time_lost:ratio",
-    "job_id_stage:flopwatch_stage_imbalance:ratio",
-}
-CONTRACT_ALERTS = {
-    "FlopWatchStraggler", "FlopWatchGpuXidCritical", "FlopWatchGpuXid", "FlopWatchGpuLost",
-    "FlopWatchGpuEccUncorrected", "FlopWatchGpuRowRemapFailure", "FlopWatchNvlinkErrors",
-    "FlopWatchPcieDegraded", "FlopWatchGpuThrottled", "FlopWatchIbSymbolErrors", "FlopWatchIbLinkDowned",
-    "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled", "FlopWatchGoodputLow",
-    "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors", "FlopWatchPipelineImbalance",
-}
+#: The shared contract: names other work relies on (flopwatch/mixin/names.py, the one list).
+CONTRACT_RECORDS = set(names.CONTRACT_RECORDS)
+CONTRACT_ALERTS = set(names.ALERTS)
+#: Where every runbook_url points with the default settings: <runbooks>#<alert in lower case>.
+RUNBOOKS = MixinConfig().urls.runbooks
 STRAGGLER_CAUSES = {"thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader", "unknown"}
 
 
@@ -95,8 +84,8 @@ def test_generated_pipeline_cases_are_committed_as_generated() -> None:
         spec.loader.exec_module(module)
     finally:
         del sys.modules[spec.name]
-    assert (ALERTS / "tests" / "pipeline.yml").read_text() == module.render(), \
-        "alerts/tests/pipeline.yml is stale: run python alerts/tests/pipeline_cases.py"
+    assert module.OUT.read_text() == module.render(), \
+        "the template of alerts/tests/pipeline.yml is stale: run python alerts/tests/pipeline_cases.py"
 
 
 def test_straggler_medians_are_taken_over_peer_groups() -> None:
@@ -123,13 +112,14 @@ def test_every_alert_carries_severity_summary_description_and_runbook() -> None:
         notes = rule.get("annotations", {})
         assert notes.get("summary") and notes.get("description"), name
         assert "{{" in notes["description"], f"{name}: the description should carry the numbers"
-        assert notes.get("runbook_url") == f"docs/runbooks.md#{name.lower()}", name
+        assert notes.get("runbook_url") == f"{RUNBOOKS}#{name.lower()}", \
+            f"{name}: runbook_url should be [[ runbooks ]]#{name.lower()} in its template (the mixin's urls.runbooks)"
 
 
 def test_contract_names_are_all_defined() -> None:
     records = {rule["record"] for rule in rules() if "record" in rule}
     assert records >= CONTRACT_RECORDS, CONTRACT_RECORDS - records
-    assert {rule["alert"] for rule in alerts()} == CONTRACT_ALERTS
+    assert {rule["alert"] for rule in alerts()} == CONTRACT_ALERTS, "alert names live in flopwatch/mixin/names.py"
 
 
 def test_every_alert_has_a_firing_and_a_must_not_fire_case() -> None:

@@ -1,9 +1,12 @@
-"""Writes alerts/tests/pipeline.yml: promtool cases for peer groups, stage imbalance and lost time.
+"""Writes the template of alerts/tests/pipeline.yml (flopwatch/mixin/templates/tests/pipeline.yml):
+promtool cases for peer groups, stage imbalance and lost time.
 
-Run `python alerts/tests/pipeline_cases.py` after changing a case; tests/test_rules.py fails when
-the committed YAML differs from what this writes. Every job runs steps of a fixed length; per rank
-the generator lays out counters of steps and phases as a client would send them, so each case
-states only what a person would: each stage's compute time per step, a bad worker, comm floors.
+Run `python alerts/tests/pipeline_cases.py`, then `flopwatch rules build --out alerts`, after changing
+a case; tests/test_rules.py fails when the committed template differs from what this writes. Runbook
+URLs and severities are the mixin's settings (`[[ runbooks ]]`, `[[ sev.page ]]`). Every job runs
+steps of a fixed length; per rank the generator lays out counters of steps and phases as a client
+would send them, so each case states only what a person would: each stage's compute time per step,
+a bad worker, comm floors.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import yaml
 
 INTERVAL_S = 5
 SAMPLES = 240          # 20 minutes
-OUT = Path(__file__).with_name("pipeline.yml")
+OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "pipeline.yml"
 COLLECTIVE_S = 0.1     # the collective's own time per step
 OPTIMIZER_S = 0.05
 
@@ -71,11 +74,11 @@ def _counter(name: str, per_sample: float) -> dict[str, str]:
 
 def _straggler(job: Job, rank: int, description: str, summary: str) -> dict:
     stage, dp_rank = divmod(rank, job.dp)
-    return {"exp_labels": {"alertname": "FlopWatchStraggler", "severity": "page", "detector": "rank_only",
+    return {"exp_labels": {"alertname": "FlopWatchStraggler", "severity": "[[ sev.page ]]", "detector": "rank_only",
                            "cause": "unknown", "job_id": job.job_id, "node": f"{job.job_id}-n{stage}",
                            "gpu": str(dp_rank), "rank": str(rank), "stage": str(stage), "dp_rank": str(dp_rank)},
             "exp_annotations": {"summary": summary, "description": description,
-                                "runbook_url": "docs/runbooks.md#flopwatchstraggler"}}
+                                "runbook_url": "[[ runbooks ]]#flopwatchstraggler"}}
 
 
 HEAVY_LAST = Job("heavy-last", stages=4, dp=4, compute=[0.5, 0.5, 0.5, 0.6], comm_floor=COLLECTIVE_S)
@@ -110,7 +113,7 @@ def cases() -> dict:
         ] + [
             {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(8), "exp_alerts": []},
             {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(15), "exp_alerts": [{
-                "exp_labels": {"alertname": "FlopWatchPipelineImbalance", "severity": "ticket",
+                "exp_labels": {"alertname": "FlopWatchPipelineImbalance", "severity": "[[ sev.ticket ]]",
                                "job_id": "heavy-last", "stage": "3"},
                 "exp_annotations": {
                     "summary": "Job heavy-last: pipeline stage 3 is 20% slower than the fastest stage",
@@ -121,7 +124,7 @@ def cases() -> dict:
                         "Nothing is broken: move layers out of stage 3 (Megatron-LM: "
                         "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, or account for "
                         "the embedding and loss layers), or use interleaved (virtual) pipeline stages."),
-                    "runbook_url": "docs/runbooks.md#flopwatchpipelineimbalance"}}]},
+                    "runbook_url": "[[ runbooks ]]#flopwatchpipelineimbalance"}}]},
         ],
     }
     description = ("Rank 0 of job bad-worker on bad-worker-n0 GPU 0 takes 100% longer per step to reach the "

@@ -29,20 +29,16 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from flopwatch.mixin import names
+
 #: Where the docs live for links from panels (runbooks) and the push command's --docs-url default.
 #: One place to change when the project's documentation moves.
 DOCS_URL = "https://github.com/flopwatch/flopwatch/blob/main/docs"
 TAG = "flopwatch"
 
-#: Alert names (the rules/dashboards contract); each has a runbook anchor `#<name lower-case>`.
-ALERTS: tuple[str, ...] = (
-    "FlopWatchStraggler", "FlopWatchGpuXidCritical", "FlopWatchGpuXid", "FlopWatchGpuLost",
-    "FlopWatchGpuEccUncorrected", "FlopWatchGpuRowRemapFailure", "FlopWatchNvlinkErrors",
-    "FlopWatchPcieDegraded", "FlopWatchGpuThrottled", "FlopWatchIbSymbolErrors", "FlopWatchIbLinkDowned",
-    "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled",
-    "FlopWatchGoodputLow", "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
-    "FlopWatchPipelineImbalance",
-)
+#: Alert names (the rules/dashboards contract, flopwatch/mixin/names.py); each has a runbook anchor
+#: `#<name lower-case>`.
+ALERTS: tuple[str, ...] = names.ALERTS
 
 #: Recording rules the panels read (owned by alerts/; names from the shared contract).
 RULES: tuple[str, ...] = (

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from flopwatch.commands.demo import alertmanager_config, rule_files
+from flopwatch.mixin.config import MixinConfig
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet, node_name
 from flopwatch.sim.serve import FleetServer
@@ -80,7 +81,7 @@ def test_thermal_straggler_pages_naming_node_gpu_rank_and_cause(tmp_path: Path) 
     assert f"{node_name(SLOW_NODE)} GPU {SLOW_GPU}" in summary
     slowdown = re.search(r"\(rank \d+\) ([0-9.]+)% slower", summary)
     assert slowdown is not None and len(slowdown.group(1).replace(".", "").lstrip("0")) <= 3, summary
-    assert page["annotations"]["runbook_url"] == "docs/runbooks.md#flopwatchstraggler"
+    assert page["annotations"]["runbook_url"] == f"{MixinConfig().urls.runbooks}#flopwatchstraggler"
     others = [a["labels"] for a in webhook.alerts if is_page(a)
               and (a["labels"].get("node"), a["labels"].get("gpu")) != (node_name(SLOW_NODE), str(SLOW_GPU))]
     assert others == [], "pages for healthy GPUs"

@@ -1,0 +1,66 @@
+"""`flopwatch rules build`: the rule files, their promtool tests, the Alertmanager config and
+templates and the dashboards, from the mixin's templates and a settings file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from flopwatch.errors import EXIT_USAGE, RuntimeFailure, UsageError
+from flopwatch.logs import setup_logging
+
+log = logging.getLogger("flopwatch.rules")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(handler=lambda args: _usage(parser))
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    build = actions.add_parser(
+        "build", help="write rules, Alertmanager files and dashboards from the templates and --config",
+        description="Render flopwatch/mixin/templates with the settings of --config (any subset of "
+        "flopwatch/mixin/defaults.yml; docs/configuration.md lists them) into --out (rule files, tests/, "
+        "alertmanager.yml, templates/) and --dashboards. With the defaults the output is the shipped "
+        "alerts/ and dashboards/.")
+    build.add_argument("--config", metavar="FILE", help="YAML settings overriding the defaults")
+    build.add_argument("--out", required=True, metavar="DIR", help="the rules folder to write, e.g. alerts")
+    build.add_argument("--dashboards", metavar="DIR",
+                       help="where the dashboards go (default: dashboards/ beside --out)")
+    build.add_argument("--check", action="store_true",
+                       help="write nothing; exit 1 if the files there differ from what the build writes")
+    build.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    build.set_defaults(handler=run_build)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from flopwatch.config import ConfigError
+    from flopwatch.mixin import build, config
+
+    setup_logging(args.log_level)
+    rules_dir = Path(args.out)
+    dashboards_dir = Path(args.dashboards) if args.dashboards else rules_dir.resolve().parent / "dashboards"
+    try:
+        settings = config.load(args.config)
+        if args.check:
+            stale = build.stale(settings, rules_dir, dashboards_dir)
+            if stale:
+                raise RuntimeFailure(f"{len(stale)} files differ from the build ({', '.join(map(str, stale[:5]))}"
+                                     f"{', ...' if len(stale) > 5 else ''}): run `flopwatch rules build --out "
+                                     f"{args.out}` and commit the result")
+            log.info("%s and %s match the build", rules_dir, dashboards_dir)
+            return 0
+        written = build.write(settings, rules_dir, dashboards_dir)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    except ValueError as error:  # a template that does not render names its file and line
+        raise RuntimeFailure(str(error)) from None
+    except OSError as error:
+        raise RuntimeFailure(f"cannot write {error.filename}: {error.strerror}") from None
+    log.info("wrote %d files to %s and %s", len(written), rules_dir, dashboards_dir)
+    return 0

@@ -1,0 +1,250 @@
+"""The mixin's settings: selectors, dtype, thresholds, windows, severities and URLs, as typed
+dataclasses whose defaults are the shipped rules' behaviour.
+
+`load(path)` reads a YAML file of overrides (any subset of defaults.yml, which documents every key);
+a wrong key or value is one line naming the file, the line and what is expected. Durations use
+Prometheus's grammar (`90s`, `1m30s`, `6h`), because they are written into PromQL as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NewType
+
+import yaml
+
+from flopwatch.config import ConfigError, read_text_file
+
+#: A Prometheus duration as written in PromQL (`30s`, `1m30s`, `6h`).
+Duration = NewType("Duration", str)
+#: Label matchers added to the raw series of an exporter, e.g. `job="flopwatch"` ("" selects all).
+Selector = NewType("Selector", str)
+#: An absolute http(s) URL without a trailing slash.
+Url = NewType("Url", str)
+#: The `dtype` label value of the peak FLOP/s that MFU divides by (bf16, fp16, fp8, tf32...).
+Dtype = NewType("Dtype", str)
+
+_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION_UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_SELECTOR = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*)?$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_DTYPE = re.compile(r"^[a-z0-9_]+$")
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds of a Prometheus duration (`1m30s` -> 90.0); ValueError when it is not one."""
+    match = _DURATION.match(text)
+    if not text or not match or not any(match.groups()):
+        raise ValueError(text)
+    return sum(int(n) * unit for n, unit in zip(match.groups(), _DURATION_UNITS, strict=True) if n)
+
+
+@dataclass(frozen=True)
+class Selectors:
+    agent: Selector = Selector("")
+    dcgm: Selector = Selector("")
+
+
+@dataclass(frozen=True)
+class Severities:
+    page: str = "page"
+    ticket: str = "ticket"
+
+
+@dataclass(frozen=True)
+class Urls:
+    runbooks: Url = Url("https://github.com/flopwatch/flopwatch/blob/main/docs/runbooks.md")
+    docs: Url = Url("https://github.com/flopwatch/flopwatch/blob/main/docs")
+
+
+@dataclass(frozen=True)
+class Mfu:
+    busy_utilization: float = 0.1
+
+
+@dataclass(frozen=True)
+class MfuRegression:
+    ratio: float = 0.85
+    window: Duration = Duration("10m")
+    baseline: Duration = Duration("6h")
+    history: Duration = Duration("70m")
+    for_: Duration = Duration("15m")
+
+
+@dataclass(frozen=True)
+class Stalled:
+    step_multiple: float = 5
+    minimum: Duration = Duration("5m")
+    for_: Duration = Duration("1m")
+
+
+@dataclass(frozen=True)
+class GoodputLow:
+    target: float = 0.8
+    window: Duration = Duration("30m")
+    for_: Duration = Duration("15m")
+
+
+@dataclass(frozen=True)
+class IdleGpus:
+    window: Duration = Duration("30m")
+    utilization: float = 0.05
+    for_: Duration = Duration("5m")
+
+
+@dataclass(frozen=True)
+class Jobs:
+    mfu_regression: MfuRegression = field(default_factory=MfuRegression)
+    stalled: Stalled = field(default_factory=Stalled)
+    goodput_low: GoodputLow = field(default_factory=GoodputLow)
+    idle_gpus: IdleGpus = field(default_factory=IdleGpus)
+
+
+@dataclass(frozen=True)
+class Agent:
+    down_for: Duration = Duration("2m")
+    collector_errors_per_second: float = 0.01
+    collector_errors_for: Duration = Duration("10m")
+
+
+@dataclass(frozen=True)
+class Network:
+    symbol_errors_per_hour: float = 120
+    symbol_errors_for: Duration = Duration("1m")
+    link_downed_window: Duration = Duration("5m")
+    flapping_downs: int = 2
+    flapping_window: Duration = Duration("10m")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    lost_for: Duration = Duration("30s")
+    nvlink_errors_per_second: float = 1
+    nvlink_errors_for: Duration = Duration("30s")
+    pcie_replays_per_second: float = 0.1
+    pcie_busy_utilization: float = 0.5
+    pcie_for: Duration = Duration("1m")
+    throttled_clock_ratio: float = 0.9
+    throttled_for: Duration = Duration("5m")
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    min_ranks: int = 8
+    corroborated_margin: float = 0.02
+    corroborated_sigmas: float = 3
+    uncorroborated_margin: float = 0.03
+    uncorroborated_sigmas: float = 5
+    dataloader_share: float = 0.5
+    gpu_clock_margin: float = 0.03
+    gpu_clock_for: Duration = Duration("1m")
+    host_cpu_busy: float = 0.9
+    host_cpu_pressure: float = 0.2
+    stage_margin: float = 0.1
+    stage_step_time_lost: float = 0.02
+    stage_for: Duration = Duration("10m")
+
+
+@dataclass(frozen=True)
+class MixinConfig:
+    selectors: Selectors = field(default_factory=Selectors)
+    dtype: Dtype = Dtype("bf16")
+    severities: Severities = field(default_factory=Severities)
+    urls: Urls = field(default_factory=Urls)
+    mfu: Mfu = field(default_factory=Mfu)
+    jobs: Jobs = field(default_factory=Jobs)
+    agent: Agent = field(default_factory=Agent)
+    network: Network = field(default_factory=Network)
+    gpu: Gpu = field(default_factory=Gpu)
+    stragglers: Stragglers = field(default_factory=Stragglers)
+
+
+def yaml_key(name: str) -> str:
+    """The YAML key of a dataclass field (`for_` is written `for`)."""
+    return name.rstrip("_")
+
+
+def _scalar(kind: Any, value: Any) -> tuple[Any, str]:
+    """`value` as `kind`, or (None, what was expected)."""
+    if kind in (float, int):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 and (
+            kind is float or float(value).is_integer())
+        return (kind(value) if ok else None), "a number, 0 or more" if kind is float else "a whole number"
+    text = value if isinstance(value, str) else None
+    if kind is Duration:
+        try:
+            duration_seconds(text or "")
+        except ValueError:
+            return None, "a Prometheus duration like 30s, 5m, 1m30s or 6h"
+        return text, ""
+    if kind is Selector:
+        ok = text is not None and _SELECTOR.match(text) is not None
+        return (", ".join(part.strip() for part in _split_matchers(text)) if ok else None), \
+            'label matchers like job="flopwatch" (or "" for every series)'
+    if kind is Url:
+        ok = text is not None and re.match(r"^https?://\S+$", text) is not None
+        return (text.rstrip("/") if ok else None), "an absolute http(s):// URL"
+    if kind is Dtype:
+        ok = text is not None and _DTYPE.match(text) is not None
+        return (text if ok else None), "a dtype label value like bf16, fp16 or fp8"
+    ok = text is not None and _LABEL.match(text) is not None
+    return (text if ok else None), "a label value of letters, digits and underscores"
+
+
+def _split_matchers(text: str) -> list[str]:
+    return [match.group(0) for match in re.finditer(_MATCHER, text)]
+
+
+def _build(cls: type, node: yaml.Node, path: Path, where: str) -> Any:
+    """An instance of dataclass `cls` from a YAML mapping node; unknown keys and bad values fail."""
+    hints = typing.get_type_hints(cls)
+    fields = {yaml_key(f.name): f.name for f in dataclasses.fields(cls)}
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}:{node.start_mark.line + 1}: {where or 'the file'}: expected a mapping of "
+                          f"settings ({', '.join(fields)})")
+    values: dict[str, Any] = {}
+    for key_node, value_node in node.value:
+        key = key_node.value
+        dotted = f"{where}.{key}" if where else key
+        line = key_node.start_mark.line + 1
+        if key not in fields:
+            raise ConfigError(f"{path}:{line}: unknown setting {dotted!r} (known here: {', '.join(fields)})")
+        kind = hints[fields[key]]
+        if dataclasses.is_dataclass(kind):
+            values[fields[key]] = _build(kind, value_node, path, dotted)
+            continue
+        if not isinstance(value_node, yaml.ScalarNode):
+            raise ConfigError(f"{path}:{line}: {dotted}: expected a single value, not a list or mapping")
+        raw = yaml.safe_load(yaml.serialize(value_node))
+        value, expected = _scalar(kind, raw)
+        if value is None:
+            raise ConfigError(f"{path}:{line}: {dotted}: expected {expected}, got {raw!r}")
+        values[fields[key]] = value
+    return cls(**values)
+
+
+def load(path: str | Path | None = None) -> MixinConfig:
+    """The defaults, overridden by the settings in `path` (YAML; None: the defaults alone)."""
+    if path is None:
+        return MixinConfig()
+    path = Path(path)
+    text = read_text_file(path)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        raise ConfigError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML") from None
+    if node is None:
+        return MixinConfig()
+    return _build(MixinConfig, node, path, "")
+
+
+def as_dict(config: Any) -> dict[str, Any]:
+    """Settings as YAML writes them (`for_` as `for`), for docs and tests."""
+    return {yaml_key(f.name): as_dict(getattr(config, f.name)) if dataclasses.is_dataclass(getattr(config, f.name))
+            else getattr(config, f.name) for f in dataclasses.fields(config)}
