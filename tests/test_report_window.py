@@ -48,7 +48,7 @@ def test_bad_windows_say_what_to_write(last, start, end, message):
 
 def test_durations():
     assert parse_duration("2w") == 14 * 86400
-    assert parse_duration("1.5h") == 5400
+    assert parse_duration("1h30m") == 5400
     assert format_duration(125 * 60) == "2 h 05 min"
     assert format_duration(45 * 60) == "45 min"
     assert format_duration(3 * 86400 + 4 * 3600) == "3 d 4 h"

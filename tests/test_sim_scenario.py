@@ -44,7 +44,7 @@ def test_design_example_parses():
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("5m", 300), ("2h", 7200), ("7d", 604800),
-                                               (90, 90), ("1.5m", 90), ("250ms", 0.25)])
+                                               (90, 90), ("1m30s", 90), ("250ms", 0.25), ("90", 90)])
 def test_durations(text, seconds):
     assert parse_duration(text, "x") == seconds
 

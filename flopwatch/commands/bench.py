@@ -16,9 +16,9 @@ from flopwatch import resources
 from flopwatch.detect import detect
 from flopwatch.detect.engine import EngineError
 from flopwatch.detect.rules import RuleFileError
+from flopwatch.durations import DurationError, parse_duration
 from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.logs import setup_logging
-from flopwatch.sim.scenario import ScenarioError, parse_duration
 from flopwatch.stack import ServerError
 
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.evaluation_interval:
         try:
             interval = parse_duration(args.evaluation_interval, "--evaluation-interval")
-        except ScenarioError as error:
+        except DurationError as error:
             raise UsageError(str(error)) from None
         if interval <= 0:
             raise UsageError("--evaluation-interval: must be longer than 0s")

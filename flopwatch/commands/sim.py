@@ -11,11 +11,12 @@ import time
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from flopwatch import config as cfg
+from flopwatch.durations import DurationError, parse_duration
 from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.logs import setup_logging
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
-from flopwatch.sim.scenario import Scenario, ScenarioError, load, parse_duration
+from flopwatch.sim.scenario import Scenario, ScenarioError, load
 from flopwatch.sim.scenarios import resolve, shipped
 from flopwatch.sim.serve import FleetServer
 
@@ -55,7 +56,7 @@ def _duration(value: str | None, default: float, flag: str) -> float:
         return default
     try:
         seconds = parse_duration(value, flag)
-    except ScenarioError as error:
+    except DurationError as error:
         raise UsageError(str(error)) from None
     if seconds <= 0:
         raise UsageError(f"{flag}: must be longer than 0s")

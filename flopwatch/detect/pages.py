@@ -37,14 +37,14 @@ from typing import Any
 
 import yaml
 
+from flopwatch import durations
+
 #: Alertmanager's defaults (config/config.go).
 DEFAULT_GROUP_WAIT_S = 30.0
 DEFAULT_GROUP_INTERVAL_S = 300.0
 DEFAULT_REPEAT_INTERVAL_S = 4 * 3600.0
 ALL_LABELS = "..."
 _MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$')
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 
 
 class AlertmanagerConfigError(ValueError):
@@ -52,17 +52,11 @@ class AlertmanagerConfigError(ValueError):
 
 
 def parse_duration(text: Any, where: str) -> float:
-    """A Prometheus duration ('10s', '1h30m', '500ms') in seconds."""
-    value = str(text).strip()
-    pos, total = 0, 0.0
-    for match in _DURATION_PART.finditer(value):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNIT_S[match.group(2)]
-        pos = match.end()
-    if pos != len(value) or not value:
-        raise AlertmanagerConfigError(f"{where}: expected a duration like 10s, 5m or 1h, got {text!r}")
-    return total
+    """A Prometheus duration ('10s', '1h30m', '500ms') in seconds (flopwatch/durations.py)."""
+    try:
+        return durations.parse_duration(text, where, bare_seconds=False)
+    except durations.DurationError as error:
+        raise AlertmanagerConfigError(str(error)) from None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from flopwatch.detect.engine import PrometheusEngine, exact_nodes_for
 from flopwatch.detect.remote_write import STALE_NAN_BITS
 from flopwatch.detect.rules import RuleSet
 from flopwatch.detect.sampler import FleetSampler, Recorder, keep_by
+from flopwatch.durations import parse_duration
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario
 from flopwatch.stack.process import require_binary
@@ -32,18 +33,11 @@ from flopwatch.stack.process import require_binary
 _BLOCK = re.compile(r"alertname: (\S+), time: (\S+),\s*\n\s*exp:\[\s*\],\s*\n\s*got:\[(.*?)\n\s*\]", re.S)
 _LABELS = re.compile(r"Labels:\{(.*?)\}\n")
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _ERROR = re.compile(r"\berror\b\s*[:=]|could not|failed to", re.I)
-_UNIT = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
 
 
 class PromtoolError(RuntimeError):
     """promtool could not run the test (bad rules, evaluation errors); carries its output."""
-
-
-def go_duration(text: str) -> float:
-    """promtool's `1h2m5s` -> seconds."""
-    return sum(float(n) * _UNIT[u] for n, u in _DURATION.findall(text)) if text != "0s" else 0.0
 
 
 def _series_name(labels: tuple[tuple[str, str], ...]) -> str:
@@ -107,7 +101,7 @@ def firing(output: str) -> dict[float, list[dict[str, str]]]:
         for labels in _LABELS.findall(got + "\n"):
             pairs = {k: v.replace('\\"', '"') for k, v in _PAIR.findall(labels)}
             pairs.setdefault("alertname", name)
-            out[go_duration(when)].append(pairs)
+            out[parse_duration(when, "promtool's eval time", bare_seconds=False)].append(pairs)
     return out
 
 

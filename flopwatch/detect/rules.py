@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from flopwatch.sim.scenario import ScenarioError, parse_duration
+from flopwatch.durations import DurationError, parse_duration
 
 
 class RuleFileError(ValueError):
@@ -100,8 +100,8 @@ def rule_files(path: str | Path) -> list[Path]:
 
 def _seconds(value: Any, where: str) -> float:
     try:
-        return parse_duration(value, where)
-    except ScenarioError as error:
+        return parse_duration(value, where, bare_seconds=False)
+    except DurationError as error:
         raise RuleFileError(str(error)) from None
 
 

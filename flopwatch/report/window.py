@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
+from flopwatch import durations
+
 #: Buckets per window the grid aims at: one an hour for a week. Trends and straggler detection
 #: live on the grid; GPU-hours, MFU and energy totals do not depend on it. Each range query costs
 #: Prometheus one evaluation per bucket, so this is the report's main cost lever.
@@ -33,11 +33,11 @@ class WindowError(ValueError):
 
 
 def parse_duration(text: str, flag: str = "--last") -> float:
-    """'7d' -> 604800.0; plain numbers are seconds."""
-    match = _DURATION.match(str(text))
-    if not match:
-        raise WindowError(f"{flag} {text!r}: expected a duration like 24h, 7d or 2w")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    """'7d' -> 604800.0 (Prometheus's grammar, flopwatch/durations.py); plain numbers are seconds."""
+    try:
+        seconds = durations.parse_duration(text, flag)
+    except durations.DurationError:
+        raise WindowError(f"{flag} {text!r}: expected a duration like 24h, 7d or 2w") from None
     if seconds < MIN_WINDOW_S:
         raise WindowError(f"{flag} {text!r}: a report covers at least 1m")
     return seconds

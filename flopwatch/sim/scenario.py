@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from flopwatch import durations
 from flopwatch.hardware import GpuModel, known_names, model_by_name
 from flopwatch.topology.model import Fabric, TopologyError
 from flopwatch.train.flops import DecoderShape
@@ -67,8 +68,6 @@ DEFAULT_SLOWDOWN = {
     "switch_degrade": 0.5, "uplink_slow": 0.5, "cable_flap": 0.05,
 }
 
-_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
 class ScenarioError(ValueError):
@@ -81,19 +80,11 @@ def node_name(index: int) -> str:
 
 
 def parse_duration(value: Any, where: str) -> float:
-    """'5m' -> 300.0; plain numbers are seconds."""
-    if isinstance(value, bool):
-        raise ScenarioError(f"{where}: expected a duration like 30s, 5m, 2h or 7d, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ScenarioError(f"{where}: expected a duration like 30s, 5m, 2h or 7d, got {value!r}")
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds < 0:
-        raise ScenarioError(f"{where}: a duration cannot be negative, got {value!r}")
-    return seconds
+    """'1m30s' -> 90.0 (Prometheus's grammar, flopwatch/durations.py); plain numbers are seconds."""
+    try:
+        return durations.parse_duration(value, where)
+    except durations.DurationError as error:
+        raise ScenarioError(str(error)) from None
 
 
 def parse_index_set(value: Any, where: str, limit: int) -> list[int]:
