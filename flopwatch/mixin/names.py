@@ -11,7 +11,7 @@ ALERTS: tuple[str, ...] = (
     "FlopWatchPcieDegraded", "FlopWatchGpuThrottled", "FlopWatchIbSymbolErrors", "FlopWatchIbLinkDowned",
     "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled",
     "FlopWatchGoodputLow", "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
-    "FlopWatchPipelineImbalance",
+    "FlopWatchPipelineImbalance", "FlopWatchCheckpointIntervalOff",
 )
 
 CONTRACT_RECORDS: tuple[str, ...] = (
