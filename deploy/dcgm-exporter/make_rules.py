@@ -3,7 +3,8 @@
 Generated, not hand-kept, because every rule repeats the same label normalisation (node from
 `Hostname`, else `hostname`, else `instance` without its port; MIG instances as `gpu` "<gpu>.<GPU_I_ID>")
 and because the per-model maximum SM clock and dense peaks come from flopwatch/hardware.py, the
-one hardware table. tests/test_dcgm_rules.py fails when the committed file differs from `render()`.
+one hardware table. tests/test_dcgm_rules.py fails when the committed file differs from `render()`;
+it writes the mixin's template too (tests/test_mixin.py holds the two equal).
 
 Run: .venv/bin/python deploy/dcgm-exporter/make_rules.py
 """
@@ -18,6 +19,9 @@ from flopwatch import hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "alerts" / "flopwatch-dcgm.yml"
+#: The same text as a template of the rules mixin: `flopwatch rules build` adds the dcgm-exporter
+#: selector of a config to it (with the defaults its output is OUT, byte for byte).
+TEMPLATE = ROOT / "flopwatch" / "mixin" / "templates" / "flopwatch-dcgm.yml"
 #: DCGM clock-event bits (dcgm-exporter internal/pkg/collector/clock_events_collector.go) under the
 #: agent's reason names (flopwatch_gpu_clock_event_active).
 CLOCK_EVENT_BITS = (("idle", 1), ("sw_power_cap", 4), ("hw_slowdown", 8), ("sync_boost", 16),
@@ -215,4 +219,5 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    OUT.write_text(render())
+    for path in (OUT, TEMPLATE):
+        path.write_text(render())
