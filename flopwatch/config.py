@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from flopwatch import yamlfile
 from flopwatch.hardware import DTYPES, known_names, model_by_name
 from flopwatch.train.wire import default_socket_path
 
@@ -358,7 +357,6 @@ class AgentConfig:
         return flat
 
 
-MAX_FILE_BYTES = 1 << 20   # a config file larger than this is not one (or is hostile)
 MAX_FILE_KEYS = 1000       # flattened keys; also stops YAML alias bombs before they expand
 
 
@@ -378,16 +376,9 @@ def _flatten(data: Mapping[str, Any], prefix: str = "", flat: dict[str, Any] | N
 def read_text_file(path: Path, what: str = "config file") -> str:
     """The text of a small UTF-8 file (a config); one-line ConfigError when it cannot be one."""
     try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_FILE_BYTES + 1)
-    except OSError as error:
-        raise ConfigError(f"{what} {path}: cannot read it ({error.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{what} {path}: larger than {MAX_FILE_BYTES >> 20} MiB; is it the right file?")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {path}: not a UTF-8 text file") from None
+        return yamlfile.read_text(path, what)
+    except yamlfile.YamlFileError as error:
+        raise ConfigError(str(error)) from None
 
 
 def env_name(key: str) -> str:
@@ -395,13 +386,10 @@ def env_name(key: str) -> str:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    text = read_text_file(path)
     try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config file {path}: not valid YAML{where}") from None
+        data = yamlfile.load(path, "config file") or {}
+    except yamlfile.YamlFileError as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path}: expected a mapping of keys to values at the top")
     try:

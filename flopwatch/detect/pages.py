@@ -35,9 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from flopwatch import durations
+from flopwatch import durations, yamlfile
 
 #: Alertmanager's defaults (config/config.go).
 DEFAULT_GROUP_WAIT_S = 30.0
@@ -211,11 +209,9 @@ class AlertmanagerConfig:
     @classmethod
     def load(cls, path: str | Path) -> AlertmanagerConfig:
         try:
-            data = yaml.safe_load(Path(path).read_text())
-        except OSError as error:
-            raise AlertmanagerConfigError(f"{path}: cannot read it ({error.strerror})") from None
-        except yaml.YAMLError:
-            raise AlertmanagerConfigError(f"{path}: not valid YAML") from None
+            data = yamlfile.load(path, "Alertmanager config")
+        except yamlfile.YamlFileError as error:
+            raise AlertmanagerConfigError(str(error)) from None
         try:
             return cls.from_dict(data)
         except AlertmanagerConfigError as error:

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from flopwatch import yamlfile
 from flopwatch.durations import DurationError, parse_duration
 
 
@@ -111,9 +110,9 @@ def load(path: str | Path, default_interval: float) -> RuleSet:
     rules: list[Rule] = []
     for file in files:
         try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as error:
-            raise RuleFileError(f"{file}: cannot read it as YAML ({error})") from None
+            data = yamlfile.load(file, "rule file") or {}
+        except yamlfile.YamlFileError as error:
+            raise RuleFileError(str(error)) from None
         if not isinstance(data, dict) or not isinstance(data.get("groups", []), list):
             raise RuleFileError(f"{file}: expected a mapping with a `groups` list")
         for group in data.get("groups") or []:

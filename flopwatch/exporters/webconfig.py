@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from flopwatch import yamlfile
 from flopwatch.config import ConfigError, read_text_file
 
 log = logging.getLogger(__name__)
@@ -108,15 +107,9 @@ def load(path: str | Path) -> WebConfig:
     """Read and validate a web config file; raises WebConfigError."""
     path = Path(path)
     try:
-        text = read_text_file(path, "web config")
-    except ConfigError as error:
+        data = yamlfile.load(path, "web config")
+    except yamlfile.YamlFileError as error:  # the line number, never the line: it may hold a hash
         raise WebConfigError(str(error)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:  # its message quotes the line, which may hold a hash: not shown
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise WebConfigError(f"web config {path}: not valid YAML{where}") from None
     return parse(data, path.parent, str(path))
 
 

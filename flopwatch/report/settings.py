@@ -22,8 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from flopwatch import yamlfile
 from flopwatch.hardware import DTYPES
 
 
@@ -164,13 +163,7 @@ def load(path: str | Path | None) -> ReportSettings:
         return ReportSettings()
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise SettingsError(f"config file {path}: cannot read it ({error.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        raise SettingsError(f"config file {path}: not valid YAML" + (f" at line {mark.line + 1}" if mark else "")) \
-            from None
+        data = yamlfile.load(path, "config file")
+    except yamlfile.YamlFileError as error:
+        raise SettingsError(str(error)) from None
     return parse(data, f"config file {path}")

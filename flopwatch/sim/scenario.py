@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from flopwatch import durations
+from flopwatch import durations, yamlfile
 from flopwatch.hardware import GpuModel, known_names, model_by_name
 from flopwatch.topology.model import Fabric, TopologyError
 from flopwatch.train.flops import DecoderShape
@@ -180,6 +178,9 @@ class FleetSpec:
     gpus_per_node: int
     gpu_model: GpuModel
     nics_per_node: int
+    #: What serves the GPUs' telemetry: FlopWatch's agent, or dcgm-exporter beside an agent that
+    #: serves only steps, NICs and host (flopwatch/sim/dcgm_exposition.py EXPORTERS).
+    exporter: str = "agent"
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ def parse(data: Any, source: str = "") -> Scenario:
     top.check_keys({"name", "seed", "duration", "scrape_interval", "fleet", "jobs", "faults", "description",
                     "fabric"})
     fleet_r = _Reader(top.raw("fleet"), "fleet")
-    fleet_r.check_keys({"nodes", "gpus_per_node", "gpu_model", "nics_per_node"})
+    fleet_r.check_keys({"nodes", "gpus_per_node", "gpu_model", "nics_per_node", "exporter"})
     model_name = fleet_r.text("gpu_model", "H100-SXM")
     gpu_model = model_by_name(model_name)
     if gpu_model is None:
@@ -265,7 +266,10 @@ def parse(data: Any, source: str = "") -> Scenario:
         gpus_per_node=fleet_r.integer("gpus_per_node", 1, 64, 8),
         gpu_model=gpu_model,
         nics_per_node=fleet_r.integer("nics_per_node", 0, 64, 8),
+        exporter=fleet_r.text("exporter", "agent"),
     )
+    if fleet.exporter not in EXPORTERS:
+        raise ScenarioError(f"fleet.exporter: expected one of {', '.join(EXPORTERS)}, got {fleet.exporter!r}")
     duration = top.duration("duration")
     if duration <= 0:
         raise ScenarioError("duration: must be longer than 0s")
@@ -573,15 +577,9 @@ def port_switch(fabric: Fabric, node: str, nic: int) -> str | None:
 def load(path: str | Path) -> Scenario:
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise ScenarioError(f"scenario file {path}: cannot read it ({error.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        raise ScenarioError(f"scenario file {path}: not valid YAML"
-                            + (f" at line {mark.line + 1}" if mark else "")) from None
+        data = yamlfile.load(path, "scenario file")
+    except yamlfile.YamlFileError as error:
+        raise ScenarioError(str(error)) from None
     try:
         return parse(data, str(path))
     except ScenarioError as error:

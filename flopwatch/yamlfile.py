@@ -1,0 +1,51 @@
+"""One way to read the YAML files users hand FlopWatch (agent config, report settings, scenarios,
+web config, rule files, alertmanager.yml): small UTF-8 text, safe-loaded, and when it is not,
+one line naming the file, the line and what is wrong (never a parser's stack trace, never the
+line's text: a web config's line can hold a password hash).
+
+Callers turn `YamlFileError` into their own error type so each command keeps its exit code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_FILE_BYTES = 1 << 20   # a config file larger than this is not one (or is hostile)
+
+
+class YamlFileError(ValueError):
+    """The file cannot be read as YAML; the message names it (and the line, for a syntax error)."""
+
+
+def read_text(path: str | Path, what: str = "config file", limit: int = MAX_FILE_BYTES) -> str:
+    """The text of a small UTF-8 file."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    except OSError as error:
+        raise YamlFileError(f"{what} {path}: cannot read it ({error.strerror})") from None
+    if len(data) > limit:
+        raise YamlFileError(f"{what} {path}: larger than {limit >> 20} MiB; is it the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise YamlFileError(f"{what} {path}: not a UTF-8 text file") from None
+
+
+def parse_text(text: str, source: str) -> Any:
+    """The YAML document in `text` (None when empty); `source` opens the error message."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        problem = getattr(error, "problem", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise YamlFileError(f"{source}: not valid YAML{where}" + (f" ({problem})" if problem else "")) from None
+
+
+def load(path: str | Path, what: str = "config file", limit: int = MAX_FILE_BYTES) -> Any:
+    """The YAML document in the file at `path` (None when empty)."""
+    return parse_text(read_text(path, what, limit), f"{what} {path}")
