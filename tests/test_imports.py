@@ -17,6 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flopwatch"
 
 #: Top to bottom: a module may import its own package and any package of a lower layer; packages
 #: of one layer import each other only in the base layer (the last). A new package needs a line here.
+#: A dotted entry places one module apart from its package (mixin.names: the alert and record
+#: names, plain data the dashboards read too, below the mixin that renders the dashboards).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
     ("cli",),
@@ -25,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sim", "mixin"),
     ("exporters", "report", "dashboards"),
     ("catalog", "config", "stack", "train", "promql", "topology", "traces", "xid", "hardware", "resources",
-     "errors", "logs", "__init__"),
+     "errors", "logs", "durations", "yamlfile", "mixin.names", "__init__"),
 )
 
 
@@ -75,8 +77,16 @@ def imports_of(name: str) -> Iterator[tuple[str, int]]:
 GRAPH = {name: sorted({target for target, _ in imports_of(name) if target in MODULES}) for name in MODULES}
 
 
+PLACED_APART = {entry for layer in LAYERS for entry in layer if "." in entry}
+
+
 def top_package(name: str) -> str:
-    return name.split(".")[1] if "." in name else "__init__"
+    """The LAYERS entry of a module: its subpackage of flopwatch, or its own dotted entry."""
+    if "." not in name:
+        return "__init__"
+    within = name.split(".", 1)[1]
+    return next((entry for entry in PLACED_APART if within == entry or within.startswith(entry + ".")),
+                within.split(".")[0])
 
 
 def layer_of(package: str) -> int:

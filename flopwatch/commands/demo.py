@@ -28,13 +28,12 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from flopwatch import resources
+from flopwatch import resources, yamlfile
 from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.exporters.http import Response
 from flopwatch.promql import PromClient, PromError
@@ -151,7 +150,7 @@ def alertmanager_config(webhook_url: str) -> dict:
     integrations replaced by the local webhook, so nothing leaves the machine, and waits cut to
     seconds. A missing config is an error (resources.MissingResource), not a quiet stand-in."""
     path = resources.file("alerts", "alertmanager.yml")
-    config = yaml.safe_load(path.read_text())
+    config = yamlfile.load(path, "Alertmanager config")
     config["templates"] = [str(path.parent / pattern) for pattern in config.get("templates", [])]
     for receiver in config["receivers"]:
         for key in [key for key in receiver if key.endswith("_configs")]:

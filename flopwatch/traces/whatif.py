@@ -26,8 +26,8 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import yaml
 
+from flopwatch import yamlfile
 from flopwatch.train.wire import PHASE_INDEX, PHASES
 
 COLUMNS: tuple[str, ...] = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration")
@@ -111,9 +111,9 @@ def _read_meta(path: Path) -> dict:
     if not meta_path.is_file():
         return {}
     try:
-        meta = yaml.safe_load(meta_path.read_text())
-    except yaml.YAMLError as e:
-        raise TraceError(f"{meta_path}: not YAML ({type(e).__name__})") from e
+        meta = yamlfile.load(meta_path, "trace metadata")
+    except yamlfile.YamlFileError as error:
+        raise TraceError(str(error)) from None
     return meta if isinstance(meta, dict) else {}
 
 
