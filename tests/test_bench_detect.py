@@ -169,7 +169,7 @@ def test_summary_counts_precision_recall_and_false_alerts_per_gpu_day():
     assert s["false_straggler_episodes"] == 1
     assert s["false_alerts_per_1000_gpu_days"] == pytest.approx(1 / 2 * 1000)
     assert s["by_kind"]["power_cap"] == {"faults": 1, "detected": 0, "cause_right": 0, "median_latency_s": None,
-                                         "max_latency_s": None}
+                                         "max_latency_s": None, "max_pages": None}
     met = {t["what"].split(" ")[0]: t["met"] for t in s["targets"]}
     assert met["precision"] is False and met["recall"] is False
 
@@ -197,9 +197,9 @@ def test_the_shipped_suite_covers_every_fault_kind_and_10000_healthy_gpu_hours()
         fake = {"jobs": {}, "faults": []}
         for job in s.jobs:
             fake["jobs"][job.id] = {"ranks": len(job.nodes) * s.fleet.gpus_per_node}
-        for f in s.faults:
-            owner = next(j.id for j in s.jobs if f.node in j.nodes)
-            fake["faults"].append({"job_id": owner, "start": f.start, "end": f.end})
+        for f in s.faults:   # a switch or uplink fault: counted against every job (a lower bound)
+            owners = [j.id for j in s.jobs if f.node is None or f.node in j.nodes]
+            fake["faults"].append({"job_id": owners[0], "jobs": owners, "start": f.start, "end": f.end})
         healthy += healthy_gpu_hours(s, fake)
     assert healthy >= 10_000
 
@@ -304,3 +304,68 @@ def test_the_worker_a_traces_study_blames_is_a_fault_only_its_page_detects(tmp_p
     assert f.detected and f.cause_right and f.latency == 40 and f.latency_target is None
     assert [e.true for e in score.episodes] == [True, False, False]
     assert not score.imbalance_only   # a bad worker: pages are expected
+
+
+# -- fabric faults and pages -------------------------------------------------------------------
+def switch_fault(index, kind, switch, start, end, uplink=None, cause="errors", jobs=("j",)):
+    ports = [[f"node{n:04d}", "mlx5_1"] for n in range(4)]
+    return {"index": index, "kind": kind, "cause": cause, "node": None, "node_index": None, "gpu": None,
+            "nic": None, "device": None, "job_id": jobs[0] if jobs else None, "jobs": list(jobs), "rank": None,
+            "start": start, "end": end, "slowdown": 0.5, "xid": None, "switch": switch, "level": "leaf",
+            "uplink": uplink, "ports": ports}
+
+
+def test_a_switch_alert_names_its_switch_fault_and_the_ports_beneath_are_true_symptoms():
+    faults = [switch_fault(0, "switch_degrade", "leaf1-r1", 300, 900),
+              switch_fault(1, "uplink_slow", "leaf2-r0", 1200, 1800, uplink="spine1", cause="congestion"),
+              {**fault(2, "cable_flap", 3, 2000, 2300, nic=0, cause="nic"), "switch": "leaf1-r0"}]
+    episodes = [
+        episode("FlopWatchSwitchDegraded", 340, switch="leaf1-r1", level="leaf", cause="errors", severity="page"),
+        episode("FlopWatchIbSymbolErrors", 330, node="node0002", device="mlx5_1", switch="leaf1-r1"),
+        episode("FlopWatchIbSymbolErrors", 335, node="node0002", device="mlx5_0", switch="leaf1-r0"),  # other rail
+        episode("FlopWatchUplinkDegraded", 1250, switch="leaf2-r0", uplink="spine2"),                   # wrong uplink
+        episode("FlopWatchUplinkDegraded", 1260, switch="leaf2-r0", uplink="spine1"),
+        episode("FlopWatchUplinkDegraded", 1270, switch="leaf2-r0"),     # several uplinks: named by its leaf
+        episode("FlopWatchSwitchDegraded", 2030, switch="leaf1-r0", cause="flap"),        # one cable is no switch
+        episode("FlopWatchIbLinkFlapping", 2040, node="node0003", device="mlx5_0", port="1", switch="leaf1-r0"),
+        episode("FlopWatchJobCommSlow", 1300, job_id="j"),
+    ]
+    score = score_scenario(scenario(), truth(faults), episodes, START)
+    assert [(e.located, e.true, e.names_culprit) for e in score.episodes] == [
+        (True, True, True), (True, True, False), (True, False, False), (True, False, False), (True, True, True),
+        (True, True, True), (True, False, False), (True, True, True), (False, True, False)]
+    assert [(f.detected, f.latency, f.cause_right, f.latency_target) for f in score.faults] == [
+        (True, 40, True, 60), (True, 60, True, 60), (True, 40, True, 60)]
+    assert [f.target for f in score.faults] == ["switch leaf1-r1", "uplink leaf2-r0 -> spine1",
+                                                "link mlx5_0 -> leaf1-r0"]
+    rows = {t["what"]: t for t in summarize([score])["targets"]}
+    named = rows["switch, uplink and cable faults named by the right switch or link within 60 s"]
+    assert (named["measured"], named["met"]) == ("3/3", True)
+
+
+def test_pages_per_fault_follow_the_inhibitions_and_a_storm_shows_as_a_number():
+    from flopwatch.detect.pages import AlertmanagerConfig
+
+    faults = [switch_fault(0, "switch_degrade", "leaf1-r1", 300, 900, cause="flap")]
+    ports = [episode("FlopWatchIbLinkFlapping", 330, node=f"node{n:04d}", device="mlx5_1", port="1",
+                     switch="leaf1-r1", severity="page") for n in range(4)]
+    source = episode("FlopWatchSwitchDegraded", 330, switch="leaf1-r1", cause="flap", severity="page")
+    stray = episode("FlopWatchIbLinkFlapping", 3000, node="node0009", device="mlx5_0", port="1", severity="page")
+    config = {"route": {"receiver": "page", "group_by": ["job_id", "node"], "group_wait": "10s",
+                        "group_interval": "1m"},
+              "receivers": [{"name": "page"}],
+              "inhibit_rules": [{"source_matchers": ['alertname="FlopWatchSwitchDegraded"'],
+                                 "target_matchers": ['alertname=~"FlopWatchIb.*"'], "equal": ["switch"]}]}
+    inhibited = score_scenario(scenario(), truth(faults), [source, *ports, stray], START,
+                               alertmanager=AlertmanagerConfig.from_dict(config))
+    assert (inhibited.faults[0].pages, inhibited.max_pages_per_fault, inhibited.false_pages) == (1, 1, 1)
+    storm = score_scenario(scenario(), truth(faults), [source, *ports, stray], START,
+                           alertmanager=AlertmanagerConfig.from_dict({**config, "inhibit_rules": []}))
+    assert (storm.faults[0].pages, storm.max_pages_per_fault) == (5, 5)
+    summary = summarize([storm])
+    assert (summary["max_pages_per_fault"], summary["pages"], summary["false_pages"]) == (5, 5, 1)
+    row = {t["what"]: t for t in summary["targets"]}["at most one page per switch or uplink fault (after the "
+                                                     "shipped inhibitions)"]
+    assert (row["measured"], row["met"]) == ("5 worst", False)
+    assert summary["by_kind"]["switch_degrade"]["max_pages"] == 5
+    assert score_scenario(scenario(), truth(faults), ports, START).faults[0].pages is None   # no config: not counted

@@ -70,6 +70,28 @@ def test_fast_reader_equals_the_agent_exposition_through_every_fault_kind():
     assert compare(Fleet(scenario, 1.7e9), list(range(6)), 144, 2) > 30_000
 
 
+def test_fast_reader_equals_the_agent_exposition_on_a_fabric_through_its_faults():
+    """The fabric info series (the agent's own fabric collector) and the ports of a degrading leaf,
+    a slow uplink and a flapping cable, series for series, on a rail-optimised fabric."""
+    scenario = parse({
+        "name": "fabric", "seed": 2, "duration": "10m", "fleet": {"nodes": 6, "gpus_per_node": 2, "nics_per_node": 2},
+        "fabric": {"rail_optimised": True, "nodes_per_leaf": 3, "spines": 2},
+        "jobs": [{"id": "j", "nodes": "0-4", "model": MODEL, "tokens_per_step": 131072, "target_mfu": 0.4}],
+        "faults": [{"kind": "switch_degrade", "switch": "leaf1-r0", "mode": "errors", "start": "1m", "duration": "4m"},
+                   {"kind": "switch_degrade", "switch": "leaf2-r1", "mode": "rate", "start": "1m"},
+                   {"kind": "uplink_slow", "switch": "leaf2-r0", "uplink": "spine1", "start": "2m"},
+                   {"kind": "cable_flap", "node": 1, "nic": 1, "start": "1m"}],
+    })
+    names = supported_names()
+    assert {"flopwatch_fabric_link_info", "flopwatch_fabric_switch_info"} <= names
+    fleet = Fleet(scenario, 1.7e9)
+    assert compare(fleet, list(range(6)), 96, 3) > 5_000
+    links = [dict(k) for k in as_dict(FastSampler(fleet, [4], names).sample(), names)
+             if dict(k)["__name__"] == "flopwatch_fabric_link_info"]
+    assert sorted((x["device"], x["switch"], x["rail"]) for x in links) == [("mlx5_0", "leaf2-r0", "0"),
+                                                                            ("mlx5_1", "leaf2-r1", "1")]
+
+
 def test_fast_reader_follows_jobs_starting_ending_and_expiring():
     scenario = parse({
         "name": "churn", "seed": 4, "duration": "14m", "fleet": {"nodes": 3, "gpus_per_node": 4, "nics_per_node": 2},

@@ -109,7 +109,7 @@ def test_matchers_and_durations_parse_as_alertmanager_reads_them():
     assert parse_duration("1h30m", "d") == 5400 and parse_duration("500ms", "d") == 0.5
     with pytest.raises(AlertmanagerConfigError, match="expected a matcher"):
         parse_matcher("no operator", "inhibit_rules[0].source_matchers")
-    with pytest.raises(AlertmanagerConfigError, match="route.group_wait: expected a duration"):
+    with pytest.raises(AlertmanagerConfigError, match=r"route\.group_wait: expected a duration"):
         config(route={**CONFIG["route"], "group_wait": "soon"})
 
 

@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(default: the shipped suite, flopwatch/detect/scenarios)")
     det.add_argument("--rules", metavar="PATH",
                      help="a rule file or a directory of them (default: the shipped rules, alerts/)")
+    det.add_argument("--alertmanager", metavar="FILE",
+                     help="count pages through this Alertmanager config's routes and inhibitions "
+                     "(default: alertmanager.yml in the rules directory; none there: no pages counted)")
     det.add_argument("--json", metavar="OUT", help="write every figure, per fault and per alert, here")
     det.add_argument("--quick", action="store_true",
                      help=f"only scenarios of at most {detect.QUICK_MAX_GPUS} GPUs, cut to "
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("detection benchmark", total=1.0)
             report = detect.run_suite(
-                scenarios, args.rules, evaluation_interval=interval, exact=args.exact,
+                scenarios, args.rules, evaluation_interval=interval, exact=args.exact, alertmanager=args.alertmanager,
                 progress=lambda fraction, name: bar.update(task, completed=fraction, description=name))
     except (RuleFileError, detect.SuiteError) as error:
         raise UsageError(str(error)) from None
@@ -110,28 +113,32 @@ def _num(value: float | None, fmt: str = "{:.3f}") -> str:
 def print_report(report: detect.SuiteReport, console: Console) -> None:
     scenarios = Table(title="Scenarios", title_justify="left")
     for name in ("scenario", "GPUs", "hours", "healthy GPU-h", "faults", "detected", "episodes", "false",
-                 "MFU err (pp)", "run (s)"):
+                 "max pages/fault", "MFU err (pp)", "run (s)"):
         scenarios.add_column(name, justify="left" if name == "scenario" else "right")
     for s in report.scores:
         worst = max((m.error_pp for m in s.mfu), default=None)
         scenarios.add_row(
             s.scenario, str(s.gpus), f"{s.duration / 3600:.2f}", f"{s.healthy_gpu_hours:,.0f}", str(len(s.faults)),
             str(sum(f.detected for f in s.faults)), str(len(s.episodes)), str(sum(not e.true for e in s.episodes)),
-            _num(worst, "{:.2f}"), f"{sum(s.stats.get(k, 0) for k in ('sim_s', 'write_s', 'eval_s')):.0f}")
+            _num(s.max_pages_per_fault, "{}"), _num(worst, "{:.2f}"),
+            f"{sum(s.stats.get(k, 0) for k in ('sim_s', 'write_s', 'eval_s')):.0f}")
     console.print(scenarios)
     kinds = Table(title="By fault kind", title_justify="left")
-    for name in ("kind", "faults", "detected", "cause right", "median latency (s)", "max latency (s)"):
+    for name in ("kind", "faults", "detected", "cause right", "median latency (s)", "max latency (s)", "max pages"):
         kinds.add_column(name, justify="left" if name == "kind" else "right")
     for kind, row in sorted(report.summary["by_kind"].items()):
         kinds.add_row(kind, str(row["faults"]), str(row["detected"]), str(row["cause_right"]),
-                      _num(row["median_latency_s"], "{:.0f}"), _num(row["max_latency_s"], "{:.0f}"))
+                      _num(row["median_latency_s"], "{:.0f}"), _num(row["max_latency_s"], "{:.0f}"),
+                      _num(row.get("max_pages"), "{}"))
     console.print(kinds)
     s = report.summary
     console.print(
         f"precision {_num(s['precision'])}  recall {_num(s['recall'])}  cause {_num(s['cause_accuracy'])}  "
         f"latency median {_num(s['latency_median_s'], '{:.0f}')} s, p90 {_num(s['latency_p90_s'], '{:.0f}')} s  "
         f"false alerts {s['false_episodes']} ({_num(s['false_alerts_per_1000_gpu_days'], '{:.2f}')} per 1,000 "
-        f"GPU-days)  healthy GPU-hours {s['healthy_gpu_hours']:,.0f}  run {report.seconds:.0f} s")
+        f"GPU-days)  healthy GPU-hours {s['healthy_gpu_hours']:,.0f}  max pages per fault "
+        f"{_num(s.get('max_pages_per_fault'), '{}')}  false pages {_num(s.get('false_pages'), '{}')}  "
+        f"run {report.seconds:.0f} s")
     targets = Table(title="Targets", title_justify="left")
     for name in ("target", "measured", "met"):
         targets.add_column(name)

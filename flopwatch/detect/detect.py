@@ -21,6 +21,7 @@ from typing import Any
 
 from flopwatch.detect import rules as rule_files
 from flopwatch.detect.engine import OBSERVED, PrometheusEngine, RunResult
+from flopwatch.detect.pages import AlertmanagerConfig, AlertmanagerConfigError
 from flopwatch.detect.scoring import ScenarioScore, score_scenario, summarize
 from flopwatch.sim.scenario import Scenario, ScenarioError, load
 
@@ -98,29 +99,48 @@ def snapshot_rules(rules_path: str | Path, into: Path) -> tuple[Path, str]:
     return into, digest.hexdigest()
 
 
+def alertmanager_config(path: str | Path | None, rules_path: str | Path) -> AlertmanagerConfig | None:
+    """The Alertmanager config pages are counted through: `path`, else alertmanager.yml beside the
+    rules (a directory's), else none (no pages counted); a wrong file is a SuiteError."""
+    if path is None:
+        beside = Path(rules_path) / "alertmanager.yml"
+        if not beside.is_file():
+            return None
+        path = beside
+    try:
+        return AlertmanagerConfig.load(path)
+    except AlertmanagerConfigError as error:
+        raise SuiteError(str(error)) from None
+
+
 def run_scenario(scenario: Scenario, rules_path: str | Path, evaluation_interval: float | None = None,
-                 progress: Callable[[float, str], None] | None = None, exact: bool = False) -> tuple[ScenarioScore,
-                                                                                                     RunResult]:
+                 progress: Callable[[float, str], None] | None = None, exact: bool = False,
+                 alertmanager: AlertmanagerConfig | None = None) -> tuple[ScenarioScore, RunResult]:
     rules = rule_files.load(rules_path, evaluation_interval or scenario.scrape_interval)
     result = PrometheusEngine(rules, exact=exact).run(scenario, progress)
     score = score_scenario(scenario, result.truth, result.episodes, result.start_unix,
-                           result.observed[OBSERVED[0]], result.stats, recorded=result.observed)
+                           result.observed[OBSERVED[0]], result.stats, recorded=result.observed,
+                           alertmanager=alertmanager)
     return score, result
 
 
 def run_suite(scenarios: list[Scenario], rules_path: str | Path, *, evaluation_interval: float | None = None,
-              progress: Callable[[float, str], None] | None = None, exact: bool = False) -> SuiteReport:
-    """Every scenario in turn; `progress(fraction of the suite, scenario name)`."""
+              progress: Callable[[float, str], None] | None = None, exact: bool = False,
+              alertmanager: str | Path | None = None) -> SuiteReport:
+    """Every scenario in turn; `progress(fraction of the suite, scenario name)`. Pages are counted
+    through `alertmanager` (a path; default alertmanager.yml in the rules directory, if any)."""
     started = time.perf_counter()
     files = [str(p) for p in rule_files.rule_files(rules_path)]
+    config = alertmanager_config(alertmanager, rules_path)
     with tempfile.TemporaryDirectory(prefix="flopwatch-bench-rules-") as tmp:
         snapshot, digest = snapshot_rules(rules_path, Path(tmp))
-        scores = _run_all(scenarios, snapshot, evaluation_interval, progress, exact)
+        scores = _run_all(scenarios, snapshot, evaluation_interval, progress, exact, config)
     return SuiteReport(scores, summarize(scores), files, time.perf_counter() - started, digest)
 
 
 def _run_all(scenarios: list[Scenario], rules_path: Path, evaluation_interval: float | None,
-             progress: Callable[[float, str], None] | None, exact: bool) -> list[ScenarioScore]:
+             progress: Callable[[float, str], None] | None, exact: bool,
+             alertmanager: AlertmanagerConfig | None = None) -> list[ScenarioScore]:
     total = sum(gpu_ticks(s) for s in scenarios) or 1.0
     done = 0.0
     scores = []
@@ -135,7 +155,7 @@ def _run_all(scenarios: list[Scenario], rules_path: Path, evaluation_interval: f
                 if progress is not None:
                     progress((base + fraction * weight) / total, name)
 
-            score, _ = run_scenario(scenario, rules_path, evaluation_interval, report, exact)
+            score, _ = run_scenario(scenario, rules_path, evaluation_interval, report, exact, alertmanager)
             scores.append(score)
             done += weight
     finally:

@@ -19,6 +19,7 @@ import numpy as np
 from flopwatch import __version__
 from flopwatch.catalog import Metric, metrics_of
 from flopwatch.catalog import agent as agent_metrics
+from flopwatch.catalog import fabric as fabric_metrics
 from flopwatch.catalog import gpu as g
 from flopwatch.catalog import host as host_metrics
 from flopwatch.catalog import job as job_metrics
@@ -35,6 +36,7 @@ from flopwatch.sim.node import (
     PORT_STATE_WORDS,
     SimHostCollector,
     SimNodeAgent,
+    sim_fabric_collector,
 )
 
 Labels = tuple[tuple[str, str], ...]
@@ -141,7 +143,7 @@ def supported_names() -> set[str]:
     """Series names (histogram parts included) this sampler produces, plus `up`."""
     names = {metric.name for metric in (*GPU_METRICS, *NIC_METRICS, *TRAIN_METRICS, job_metrics.GPU_JOB_INFO,
                                         agent_metrics.COLLECTOR_ERRORS, agent_metrics.BUILD_INFO,
-                                        *metrics_of(host_metrics))}
+                                        *metrics_of(host_metrics), *metrics_of(fabric_metrics))}
     names |= {t.STEP_SECONDS.name + suffix for suffix in ("_bucket", "_count", "_sum")}
     names.add("up")
     return names
@@ -182,6 +184,7 @@ class FastSampler:
         self.collector_names = sorted(SimNodeAgent(fleet, fleet.nodes[0]).agent.errors) if fleet.nodes else []
         self.nics = [(node, nic) for node in self.nodes for nic in node.nics]
         self._groups: dict[object, tuple[Labels, ...]] = {}
+        self.fabric = self._fabric_series()
 
     def _group(self, key: object, build: Callable[[], tuple[Labels, ...]]) -> tuple[Labels, ...]:
         labels = self._groups.get(key)
@@ -190,6 +193,7 @@ class FastSampler:
         return labels
 
     def sample(self) -> Iterator[Group]:
+        yield from self.fabric
         yield from self._up()
         yield from self._gpus()
         yield from self._nics()
@@ -215,6 +219,20 @@ class FastSampler:
                 self.labels.get(errors.name, errors.all_labels, (node.name, collector))
                 for node in self.nodes for collector in self.collector_names))
             yield labels, [0.0] * len(labels)
+
+    def _fabric_series(self) -> list[Group]:
+        """The fabric info series: fixed for a run, from the agents' own fabric collector, once."""
+        wanted = [metric for metric in metrics_of(fabric_metrics) if metric.name in self.wanted]
+        if not wanted or self.fleet.scenario.fabric is None:
+            return []
+        keys: dict[str, list[tuple[str, ...]]] = {metric.name: [] for metric in wanted}
+        spec = {metric.name: metric for metric in wanted}
+        for node in self.nodes:
+            collector = sim_fabric_collector(self.fleet, node)
+            for family in collector.collect() if collector is not None else ():
+                for sample in family.samples if family.name in keys else ():
+                    keys[family.name].append(tuple(sample.labels[n] for n in spec[family.name].all_labels))
+        return [(self._labels(spec[name], found), [1.0] * len(found)) for name, found in keys.items() if found]
 
     def _gpus(self) -> Iterator[Group]:
         gpus = self.gpus

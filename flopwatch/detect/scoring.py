@@ -8,6 +8,15 @@ Definitions (docs/detection.md says the same for users):
   must be the faulty GPU's (GPU faults), a `device` label the faulty NIC's (NIC faults). Otherwise
   it is false. Job-level episodes (no `node`) are true when a fault of their job (any job, without
   a `job_id` label) was active then.
+- Fabric faults: an episode with a `switch` label and no `node` is located at that switch. It is
+  true, and names it, when a switch or uplink fault on that switch was active (an `uplink` label
+  must be the fault's uplink; without one it names an uplink fault by its leaf). Per-port and node
+  episodes on the ports under a faulted switch are true symptoms that name nothing; a cable fault
+  is named by a per-port episode on its node and NIC. Job-level episodes are true while a fault
+  that slows their job is on.
+- Pages: the episodes through the shipped Alertmanager config (pages.py): per fault, the
+  incidents at the pager receivers that carried one of its episodes; a run's worst is
+  `max_pages_per_fault`; incidents carrying no true episode are false pages.
 - A fault is *detected* when a true located episode *names* it: node and GPU for GPU faults, node
   and NIC for NIC faults, the node for node faults. Latency runs from the fault's start to that
   episode's first firing. The cause is right when the culprit-naming episodes of that first firing
@@ -38,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from flopwatch.detect.alerts import Episode
+from flopwatch.detect.pages import Alert, AlertmanagerConfig, incidents
 from flopwatch.sim.scenario import Scenario
 
 GRACE_S = 600.0
@@ -61,7 +71,7 @@ CAUSE_OF_ALERT = {
     "FlopWatchGpuXidCritical": "xid", "FlopWatchGpuXid": "xid", "FlopWatchGpuLost": "gpu_lost",
     "FlopWatchGpuEccUncorrected": "xid", "FlopWatchGpuRowRemapFailure": "xid",
     "FlopWatchNvlinkErrors": "nvlink", "FlopWatchPcieDegraded": "pcie", "FlopWatchIbSymbolErrors": "nic",
-    "FlopWatchIbLinkDowned": "nic", "FlopWatchIbLinkFlapping": "nic",
+    "FlopWatchIbLinkDowned": "nic", "FlopWatchIbLinkFlapping": "nic", "FlopWatchUplinkDegraded": "congestion",
 }
 GPU_LOST_XID = "79"
 #: FlopWatchGpuThrottled's `reason` label -> cause.
@@ -85,8 +95,8 @@ class FaultScore:
     index: int
     kind: str
     cause: str
-    node: str
-    target: str            # "gpu 3", "nic mlx5_0" or "node"
+    node: str | None       # None for a switch or an uplink
+    target: str            # "gpu 3", "nic mlx5_0", "node", "switch leaf1-r0", "uplink leaf1-r0 spine1", ...
     job_id: str | None
     ranks: int
     slowdown: float
@@ -99,6 +109,7 @@ class FaultScore:
     causes: list[str] = field(default_factory=list)
     cause_right: bool | None = None
     latency_target: float | None = None
+    pages: int | None = None   # incidents at the pager carrying its episodes (None: not counted)
 
     @property
     def within_target(self) -> bool | None:
@@ -167,6 +178,9 @@ class ScenarioScore:
     mfu: list[MfuStretch]
     stats: dict[str, float] = field(default_factory=dict)
     jobs: list[JobScore] = field(default_factory=list)
+    fabric: bool = False                    # the scenario has a fabric
+    max_pages_per_fault: int | None = None
+    false_pages: int | None = None          # incidents carrying no true episode
 
     @property
     def imbalance_only(self) -> bool:
@@ -204,21 +218,59 @@ def _in_window(fault: dict[str, Any], t: float) -> bool:
     return fault["start"] <= t <= fault["end"] + GRACE_S
 
 
+def _switch_match(fault: dict[str, Any], labels: dict[str, str]) -> tuple[bool, bool]:
+    """(consistent, names) of an episode located at a switch, for a switch or uplink fault: the
+    switch must be the fault's, and an `uplink` label the fault's uplink. Without one it names an
+    uplink fault by its leaf: where a leaf has several uplinks, host-side counters cannot tell
+    which one is slow (the alert lists them instead)."""
+    if fault["kind"] not in SWITCH_KINDS or fault.get("switch") != labels["switch"]:
+        return False, False
+    if "uplink" in labels and labels["uplink"] != (fault.get("uplink") or ""):
+        return False, False
+    return True, True
+
+
+def _port_match(fault: dict[str, Any], labels: dict[str, str]) -> tuple[bool, bool]:
+    """A node or port episode under a faulted switch: a symptom, consistent when on its ports."""
+    ports = fault.get("ports") or []
+    node = labels["node"]
+    if "device" in labels:
+        return [node, labels["device"]] in ports, False
+    return any(p[0] == node for p in ports), False
+
+
+def _job_hit(fault: dict[str, Any], job: str | None) -> bool:
+    return job is None or fault["job_id"] == job or job in (fault.get("jobs") or ())
+
+
 def classify(episode: Episode, faults: list[dict[str, Any]], start_unix: float) -> EpisodeScore:
     t = episode.fired_at - start_unix
     resolved = episode.resolved_at - start_unix if episode.resolved_at is not None else None
     labels = episode.labels
     node = labels.get("node")
+    if node is None and "switch" in labels:
+        best = None
+        for fault in faults:
+            consistent, names = _switch_match(fault, labels) if _in_window(fault, t) else (False, False)
+            if consistent and (best is None or (names and not best[0])):
+                best = (names, fault)
+        return EpisodeScore(episode.alertname, labels, t, resolved, True, best is not None,
+                            best[1]["index"] if best else None, bool(best and best[0]))
     if node is None:
         job = labels.get("job_id")
-        hit = next((f for f in faults if _in_window(f, t) and (job is None or f["job_id"] == job)), None)
+        hit = next((f for f in faults if _in_window(f, t) and _job_hit(f, job)), None)
         return EpisodeScore(episode.alertname, labels, t, resolved, False, hit is not None,
                             hit["index"] if hit else None, False)
     best: tuple[bool, dict[str, Any]] | None = None
     for fault in faults:
-        if fault["node"] != node or not _in_window(fault, t):
+        if not _in_window(fault, t):
             continue
-        consistent, names = _matches(fault, labels)
+        if fault["node"] is None:
+            consistent, names = _port_match(fault, labels)
+        elif fault["node"] != node:
+            continue
+        else:
+            consistent, names = _matches(fault, labels)
         if consistent and (best is None or (names and not best[0])):
             best = (names, fault)
     if best is None:
@@ -232,8 +284,14 @@ def _fault_score(fault: dict[str, Any], truth: dict[str, Any]) -> FaultScore:
     step = job["allocated_seconds"] / job["steps"] if job and job["steps"] else None
     target = f"gpu {fault['gpu']}" if fault["gpu"] is not None else (
         f"nic {fault['device']}" if fault["nic"] is not None else "node")
+    if fault["kind"] in FABRIC_KINDS:
+        target = (f"link {fault['device']} -> {fault['switch']}" if fault["kind"] == "cable_flap" else
+                  f"uplink {fault['switch']} -> {fault['uplink']}" if fault.get("uplink") else
+                  f"switch {fault['switch']}")
     score = FaultScore(fault["index"], fault["kind"], fault["cause"], fault["node"], target, fault["job_id"],
                        job["ranks"] if job else 0, fault["slowdown"], fault["start"], fault["end"], step)
+    if fault["kind"] in FABRIC_KINDS:
+        score.latency_target = FABRIC_LATENCY_TARGET_S
     if fault["kind"] in SLOW_RANK_KINDS:
         score.latency_target = LATENCY_TARGET_S
         if step is not None and step > LONG_STEP_S:
@@ -270,7 +328,8 @@ def _windows(truth: dict[str, Any], job_id: str) -> list[tuple[float, float]]:
     """Fault windows (plus GRACE_S) and the steps a job did again after a restart (plus one rate
     window): the truth's MFU counts only progress, the rules' the FLOPs the GPUs ran, so a replay
     is no steady stretch to compare them on (its cost is scored as goodput instead)."""
-    faults = [(f["start"], f["end"] + GRACE_S) for f in truth["faults"] if f["job_id"] == job_id]
+    faults = [(f["start"], f["end"] + GRACE_S) for f in truth["faults"]
+              if f["job_id"] == job_id or job_id in (f.get("jobs") or ())]
     replays = [(a, b + RATE_WINDOW_S) for a, b in truth["jobs"].get(job_id, {}).get("replays", [])]
     return sorted(faults + replays)
 
@@ -360,15 +419,39 @@ def job_scores(scenario: Scenario, truth: dict[str, Any], episodes: list[Episode
 def score_scenario(scenario: Scenario, truth: dict[str, Any], episodes: list[Episode], start_unix: float,
                    observed: list[tuple[dict[str, str], np.ndarray, np.ndarray]] | None = None,
                    stats: dict[str, float] | None = None,
-                   recorded: dict[str, Observed] | None = None) -> ScenarioScore:
+                   recorded: dict[str, Observed] | None = None,
+                   alertmanager: AlertmanagerConfig | None = None) -> ScenarioScore:
     classified = [classify(e, truth["faults"], start_unix) for e in episodes]
-    return ScenarioScore(
+    score = ScenarioScore(
         scenario=scenario.name, gpus=scenario.fleet.nodes * scenario.fleet.gpus_per_node,
         duration=scenario.duration, gpu_hours=truth["gpu_hours"],
         healthy_gpu_hours=healthy_gpu_hours(scenario, truth), faults=score_faults(truth, classified),
         episodes=classified, mfu=mfu_stretches(scenario, truth, observed or [], start_unix), stats=stats or {},
         jobs=job_scores(scenario, truth, classified, recorded or {}, start_unix),
+        fabric=scenario.fabric is not None,
     )
+    if alertmanager is not None:
+        count_pages(score, alertmanager)
+    return score
+
+
+def count_pages(score: ScenarioScore, config: AlertmanagerConfig) -> None:
+    """Pages per fault and false pages: the episodes through Alertmanager's routing, grouping and
+    inhibitions (pages.py), each incident charged to the faults of the episodes it carried."""
+    alerts = [Alert(e.labels, e.fired_at, e.resolved_at, i) for i, e in enumerate(score.episodes)]
+    found = incidents(alerts, config, until=score.duration + GRACE_S)
+    per_fault = dict.fromkeys((f.index for f in score.faults), 0)
+    false = 0
+    for incident in found:
+        charged = {score.episodes[i].fault for i in incident.alerts if score.episodes[i].true}
+        charged.discard(None)
+        false += not charged
+        for index in charged:
+            per_fault[index] = per_fault.get(index, 0) + 1
+    for fault in score.faults:
+        fault.pages = per_fault.get(fault.index, 0)
+    score.max_pages_per_fault = max((f.pages or 0 for f in score.faults), default=0)
+    score.false_pages = false
 
 
 # -- the suite ---------------------------------------------------------------------------------
@@ -400,11 +483,14 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
     gpu_days = gpu_hours / 24
     mfu = [m for s in scores for m in s.mfu]
     headline = [f for f in faults if f.ranks >= 1024 and f.slowdown <= 0.05 + 1e-9 and f.kind in SLOW_RANK_KINDS]
-    targeted = [f for f in faults if f.latency_target is not None]
+    targeted = [f for f in faults if f.latency_target is not None and f.kind not in FABRIC_KINDS]
     kinds: dict[str, dict[str, Any]] = {}
     for f in faults:
-        row = kinds.setdefault(f.kind, {"faults": 0, "detected": 0, "cause_right": 0, "latencies": []})
+        row = kinds.setdefault(f.kind, {"faults": 0, "detected": 0, "cause_right": 0, "latencies": [],
+                                        "max_pages": None})
         row["faults"] += 1
+        if f.pages is not None:
+            row["max_pages"] = max(row["max_pages"] or 0, f.pages)
         if f.detected:
             row["detected"] += 1
             row["cause_right"] += int(bool(f.cause_right))
@@ -447,8 +533,10 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
         Target("no straggler page in scenarios whose only problem is imbalance", str(imbalance_pages),
                imbalance_pages == 0 if any(s.imbalance_only for s in scores) else None),
         *_job_targets(worst, worst_trace),
+        *_fabric_targets(scores),
     ]
     return {
+        **_page_figures(scores),
         "stage_tickets_right": _ratio(sum(bool(j.stage_right) for j in staged), len(staged)),
         "imbalance_only_pages": imbalance_pages,
         "job_error_pp_max": worst, "trace_job_error_pp_max": worst_trace,
@@ -465,6 +553,35 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
         "mfu_error_pp_mean": float(np.mean([m.error_pp for m in mfu])) if mfu else None,
         "by_kind": kinds, "targets": [asdict(t) for t in targets],
     }
+
+
+def _page_figures(scores: list[ScenarioScore]) -> dict[str, Any]:
+    """Pages per fault over the run (None where no Alertmanager config was given)."""
+    counted = [f.pages for s in scores for f in s.faults if f.pages is not None]
+    false = [s.false_pages for s in scores if s.false_pages is not None]
+    return {"max_pages_per_fault": max(counted) if counted else None, "pages": sum(counted) if counted else None,
+            "false_pages": sum(false) if false else None}
+
+
+def _fabric_targets(scores: list[ScenarioScore]) -> list[Target]:
+    """Switch, uplink and cable faults named in time, one page per switch fault, and no switch
+    alert outside a switch fault on fabric scenarios."""
+    fabric = [f for s in scores for f in s.faults if f.kind in FABRIC_KINDS]
+    switch_pages = [f.pages for f in fabric if f.kind in SWITCH_KINDS and f.pages is not None]
+    fabric_scores = [s for s in scores if s.fabric]
+    healthy = sum(s.healthy_gpu_hours for s in fabric_scores)
+    false_switch = sum(1 for s in fabric_scores for e in s.episodes
+                       if not e.true and "switch" in e.labels and "node" not in e.labels)
+    return [
+        Target(f"switch, uplink and cable faults named by the right switch or link within "
+               f"{FABRIC_LATENCY_TARGET_S:.0f} s", f"{sum(bool(f.within_target) for f in fabric)}/{len(fabric)}",
+               all(f.within_target for f in fabric) if fabric else None),
+        Target("at most one page per switch or uplink fault (after the shipped inhibitions)",
+               f"{max(switch_pages)} worst" if switch_pages else "not counted",
+               max(switch_pages) <= 1 if switch_pages else None),
+        Target(f"zero false switch alerts over >= 10,000 healthy GPU-hours of fabric scenarios ({healthy:,.0f} run)",
+               str(false_switch), false_switch == 0 and healthy >= 10_000 if fabric_scores else None),
+    ]
 
 
 def _worst_errors(jobs: list[JobScore]) -> dict[str, float | None]:

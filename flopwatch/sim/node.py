@@ -23,6 +23,7 @@ from flopwatch.catalog import train as train_metrics
 from flopwatch.config import GpuOptions
 from flopwatch.exporters.agent import Agent
 from flopwatch.exporters.exposition import Blocks
+from flopwatch.exporters.fabric import FabricCollector
 from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.simulated import SimBackend
 from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
@@ -178,13 +179,24 @@ class SimNodeAgent:
                              dcgm_host="")
         backend = SimBackend(node.gpus, self_advancing=False, nvlink_per_link=nvlink_per_link)
         gpu = GpuCollector(backend, node.name, options, len(node.gpus), threaded=False, clock=lambda: fleet.t)
-        self.agent = Agent(node.name, [gpu, SimTrainCollector(fleet, node), SimNicCollector(fleet, node),
-                                       SimHostCollector(fleet, node), SimJobCollector(fleet, node)],
-                           backend_name="sim")
+        collectors = [gpu, SimTrainCollector(fleet, node), SimNicCollector(fleet, node),
+                      SimHostCollector(fleet, node), SimJobCollector(fleet, node)]
+        fabric = sim_fabric_collector(fleet, node)
+        if fabric is not None:
+            collectors.append(fabric)
+        self.agent = Agent(node.name, collectors, backend_name="sim")
 
     def render(self) -> bytes:
         self.agent.collect_once()
         return self.agent.exposition()
 
 
-__all__ = ["PHYS_LINK_UP", "PORT_ACTIVE", "SimNodeAgent"]
+def sim_fabric_collector(fleet: Fleet, node: SimNode) -> FabricCollector | None:
+    """The agent's own fabric collector over the node's slice of the scenario's fabric (its NIC
+    ports, for a topology that names no NIC, are the node's simulated ones)."""
+    if fleet.scenario.fabric is None:
+        return None
+    return FabricCollector(node.name, fleet.scenario.fabric, lambda: [(nic.device, "1") for nic in node.nics])
+
+
+__all__ = ["PHYS_LINK_UP", "PORT_ACTIVE", "SimNodeAgent", "sim_fabric_collector"]
