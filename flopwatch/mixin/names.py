@@ -12,6 +12,7 @@ ALERTS: tuple[str, ...] = (
     "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled",
     "FlopWatchGoodputLow", "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
     "FlopWatchPipelineImbalance", "FlopWatchCheckpointIntervalOff",
+    "FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded",
 )
 
 CONTRACT_RECORDS: tuple[str, ...] = (

@@ -1,0 +1,211 @@
+"""Writes alerts/tests/fabric.yml: promtool cases for the switch and uplink rules.
+
+Run `python alerts/tests/fabric_cases.py` after changing a case; tests/test_fabric_rules.py fails
+when the committed file differs from what this writes. A fleet of 24 nodes, one NIC each, under
+three leaves of 8 (leaf1: n01-n08, leaf2: n09-n16, leaf3: n17-n24) and one spine (or two, for the
+ECMP case); the per-port alerts of flopwatch-network.yml run beside them. Every port carries the
+simulator's healthy background (a symbol error every ~17 minutes, busy ports waiting 1% of the
+time) unless a case says otherwise, and faults start at 20m. The expected texts are what the
+rules render; each case says in its name what it proves.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+OUT = Path(__file__).resolve().parent / "fabric.yml"
+INTERVAL_S = 15
+SAMPLES = 97                 # 0 .. 24m
+FAULT = 80                   # sample index of 20m
+NODES = [f"n{i:02d}" for i in range(1, 25)]
+LEAF = {node: f"leaf{i // 8 + 1}" for i, node in enumerate(NODES)}
+RATE = 5e10                  # 400 Gb/s in bytes per second
+BACKGROUND = {"symbol_error": 0.001, "xmit_wait": 2e5, "data": 1e10}
+RUNBOOKS = "https://github.com/flopwatch/flopwatch/blob/main/docs/runbooks.md"
+
+
+@dataclass
+class Port:
+    """One port's rates (per second) before and after the fault."""
+
+    symbol_error: tuple[float, float] = (BACKGROUND["symbol_error"],) * 2
+    xmit_wait: tuple[float, float] = (BACKGROUND["xmit_wait"],) * 2
+    rate: tuple[float, float] = (RATE, RATE)
+    downs: tuple[int, ...] = ()      # sample indices at which the link went down
+
+
+@dataclass
+class Case:
+    name: str
+    ports: dict[str, Port] = field(default_factory=dict)
+    jobs: dict[str, tuple[list[str], float]] = field(default_factory=dict)  # id -> nodes, slowdown
+    spines: tuple[str, ...] = ("spine1",)
+    checks: list[dict] = field(default_factory=list)
+
+
+def _counter(before: float, after: float, steps: tuple[int, ...] = ()) -> str:
+    values, total = [], 0.0
+    for i in range(SAMPLES):
+        values.append(total)
+        total += (before if i < FAULT else after) * INTERVAL_S + (1 if i + 1 in steps else 0)
+    return " ".join(f"{v:.6g}" for v in values)
+
+
+def _gauge(before: float, after: float) -> str:
+    return f"{before:g}x{FAULT - 1} {after:g}x{SAMPLES - FAULT - 1}"
+
+
+def _series(case: Case) -> list[dict[str, str]]:
+    out = []
+    for node in NODES:
+        at = f'node="{node}",device="mlx5_0",port="1",instance="{node}:9847",job="flopwatch"'
+        p = case.ports.get(node, Port())
+        out += [
+            {"series": f'flopwatch_fabric_link_info{{{at},switch="{LEAF[node]}",level="leaf",rail="0"}}',
+             "values": f"1x{SAMPLES - 1}"},
+            {"series": f'flopwatch_nic_port_errors_total{{{at},counter="symbol_error"}}',
+             "values": _counter(*p.symbol_error)},
+            {"series": f'flopwatch_nic_xmit_wait_total{{{at}}}', "values": _counter(*p.xmit_wait)},
+            {"series": f'flopwatch_nic_data_bytes_total{{{at},direction="tx"}}',
+             "values": _counter(BACKGROUND["data"], BACKGROUND["data"])},
+            {"series": f'flopwatch_nic_port_rate_bytes_per_second{{{at}}}', "values": _gauge(*p.rate)},
+            {"series": f'flopwatch_nic_link_downed_total{{{at}}}', "values": _counter(0, 0, p.downs)},
+        ]
+    for leaf in sorted(set(LEAF.values())):
+        for spine in case.spines:
+            out.append({"series": f'flopwatch_fabric_switch_info{{switch="{leaf}",level="leaf",parent="{spine}"}}',
+                        "values": f"1x{SAMPLES - 1}"})
+    for job_id, (nodes, slowdown) in case.jobs.items():
+        for node in nodes:
+            out.append({"series": f'job_id_gpu:flopwatch_gpu_job_info:max{{job_id="{job_id}",node="{node}",gpu="0"}}',
+                        "values": f"1x{SAMPLES - 1}"})
+        out.append({"series": f'job_id:flopwatch_step_seconds:mean1m{{job_id="{job_id}"}}',
+                    "values": _gauge(1.0, 1.0 + slowdown)})
+    return out
+
+
+def _expect(name: str, labels: dict[str, str], summary: str, description: str) -> dict:
+    return {"exp_labels": {"severity": "page", **labels},
+            "exp_annotations": {"summary": summary, "description": description,
+                                "runbook_url": f"{RUNBOOKS}#{name.lower()}"}}
+
+
+def _switch_text(leaf: str, shares: tuple[int, int, int, int], jobs: int | None) -> str:
+    errors, rate, flap, wait = shares
+    text = (f"{errors}% of the ports under {leaf} count symbol errors above 120/hour, {rate}% run below "
+            f"their usual rate, {flap}% went down in the last 5 minutes and {wait}% wait to transmit. "
+            "A fault shared by this many ports at once is the switch (or its power, cooling, firmware), "
+            "not the cables: every job with ranks below it communicates slower. Its ports' own alerts "
+            "are held back while this fires; the fabric dashboard lists them.")
+    return text + (f" Jobs slowed below it: {jobs}." if jobs else "")
+
+
+def _check(at: str, alert: str, expected: list[dict]) -> dict:
+    return {"eval_time": at, "alertname": alert, "exp_alerts": expected}
+
+
+def _nodes(*numbers: int) -> list[str]:
+    return [f"n{i:02d}" for i in numbers]
+
+
+def cases() -> list[Case]:
+    bad = (BACKGROUND["symbol_error"], 0.3)       # 1,080/hour from the fault on
+    waiting = (BACKGROUND["xmit_wait"], 1e7)      # half the time waiting for credit
+    uplink_jobs = {"inside": (_nodes(1, 2, 3, 4), 0.0), "across": (_nodes(5, 6, 7, 8, 9, 10, 11, 12), 0.2)}
+    uplink_ports = {n: Port(xmit_wait=waiting) for n in _nodes(5, 6, 7, 8)}
+    return [
+        Case("a leaf degrading with errors under 4 of its 8 nodes pages once, within a minute, naming "
+             "leaf1; one bad cable under leaf2 and the healthy background elsewhere do not",
+             ports={**{n: Port(symbol_error=bad) for n in _nodes(1, 2, 3, 4)},
+                    "n10": Port(symbol_error=(0.2, 0.2))},
+             jobs={"a": (_nodes(1, 2, 3, 4, 5, 6, 7, 8), 0.2)},
+             checks=[_check("19m", "FlopWatchSwitchDegraded", []),
+                     _check("21m", "FlopWatchSwitchDegraded", [_expect(
+                         "FlopWatchSwitchDegraded", {"switch": "leaf1", "level": "leaf", "cause": "errors"},
+                         "leaf switch leaf1 degraded (errors): 4 of its 8 ports, on n01, n02, n03, n04",
+                         _switch_text("leaf1", (50, 0, 0, 0), 1))]),
+                     _check("21m", "FlopWatchUplinkDegraded", []),
+                     _check("19m", "FlopWatchIbSymbolErrors", [_cable_n10()])]),
+        Case("a leaf whose ports train at half rate (and wait for credit) pages as rate, not congestion",
+             ports={n: Port(rate=(RATE, RATE / 2), xmit_wait=waiting) for n in _nodes(9, 10, 11, 12, 13)},
+             checks=[_check("21m", "FlopWatchSwitchDegraded", [_expect(
+                 "FlopWatchSwitchDegraded", {"switch": "leaf2", "level": "leaf", "cause": "rate"},
+                 "leaf switch leaf2 degraded (rate): 5 of its 8 ports, on n09, n10, n11, n12, n13",
+                 _switch_text("leaf2", (0, 62, 0, 62), None))])]),
+        Case("links flapping on 3 nodes of a leaf page as one switch flap",
+             ports={n: Port(downs=(FAULT + 1, FAULT + 5)) for n in _nodes(17, 18, 19)},
+             checks=[_check("19m", "FlopWatchSwitchDegraded", []),
+                     _check("21m", "FlopWatchSwitchDegraded", [_expect(
+                         "FlopWatchSwitchDegraded", {"switch": "leaf3", "level": "leaf", "cause": "flap"},
+                         "leaf switch leaf3 degraded (flap): 3 of its 8 ports, on n17, n18, n19",
+                         _switch_text("leaf3", (0, 0, 38, 0), None))])]),
+        Case("congestion that slows a job inside the leaf too is the switch, not its uplinks",
+             ports={n: Port(xmit_wait=waiting) for n in _nodes(1, 2, 3, 4, 5, 6, 7, 8)},
+             jobs={"inside": (_nodes(1, 2, 3, 4), 0.15), "across": (_nodes(5, 6, 7, 8, 9, 10, 11, 12), 0.2)},
+             checks=[_check("21m", "FlopWatchSwitchDegraded", [_expect(
+                 "FlopWatchSwitchDegraded", {"switch": "leaf1", "level": "leaf", "cause": "congestion"},
+                 "leaf switch leaf1 degraded (congestion): 8 of its 8 ports, on n01, n02, n03, n04, n05, "
+                 "n06, n07, n08", _switch_text("leaf1", (0, 0, 0, 100), 2))]),
+                     _check("21m", "FlopWatchUplinkDegraded", [])]),
+        Case("ports of leaf1 wait while the job crossing it slows and the job inside it does not: its "
+             "one uplink, named, and no switch page",
+             ports=uplink_ports, jobs=uplink_jobs,
+             checks=[_check("19m", "FlopWatchUplinkDegraded", []),
+                     _check("21m", "FlopWatchUplinkDegraded", [_expect(
+                         "FlopWatchUplinkDegraded", {"switch": "leaf1", "level": "leaf", "uplink": "spine1"},
+                         "uplink of leaf leaf1 to spine1 degraded: 1 job(s) crossing it slowed, 4 of its 8 "
+                         "ports waiting", _uplink_text())]),
+                     _check("21m", "FlopWatchSwitchDegraded", [])]),
+        Case("the same on a leaf with two uplinks (ECMP): the leaf is named, the summary lists both",
+             ports=uplink_ports, jobs=uplink_jobs, spines=("spine1", "spine2"),
+             checks=[_check("21m", "FlopWatchUplinkDegraded", [_expect(
+                 "FlopWatchUplinkDegraded", {"switch": "leaf1", "level": "leaf"},
+                 "uplink of leaf leaf1 to one of spine1, spine2 degraded: 1 job(s) crossing it slowed, 4 of "
+                 "its 8 ports waiting", _uplink_text())])]),
+        Case("the healthy background, two bad cables on one leaf and a job slowed for its own reasons "
+             "give no switch or uplink alert",
+             ports={n: Port(symbol_error=bad) for n in _nodes(3, 4)},
+             jobs={"a": (_nodes(1, 2, 3, 4, 5, 6, 7, 8), 0.3)},
+             checks=[_check(at, alert, []) for at in ("21m", "24m")
+                     for alert in ("FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded")]),
+    ]
+
+
+def _cable_n10() -> dict:
+    """The one bad cable: a per-port ticket naming both ends (the node's port and its leaf)."""
+    return {"exp_labels": {"severity": "ticket", "node": "n10", "device": "mlx5_0", "port": "1",
+                           "switch": "leaf2", "level": "leaf"},
+            "exp_annotations": {
+                "summary": "n10 mlx5_0 port 1 (cable to leaf switch leaf2): 720 symbol errors/hour (limit 120)",
+                "description": "InfiniBand port mlx5_0/1 on n10 counts 720 symbol errors per hour over the last "
+                               "2 minutes (for 1 minute), above the 120/hour threshold (the IBTA specification "
+                               "allows 120). A marginal cable or transceiver: retransmissions slow the job's "
+                               "collectives and the link may go down.",
+                "runbook_url": f"{RUNBOOKS}#flopwatchibsymbolerrors"}}
+
+
+def _uplink_text() -> str:
+    return ("50% of the ports under leaf leaf1 wait to transmit (over 5x the fleet's typical port), jobs whose "
+            "traffic leaves the leaf run slower than their own baseline (across +20%) and jobs inside the leaf "
+            "do not: the leaf's links to the switches above it (an optic, a cable, a congested or misrouted "
+            "spine port), not the leaf. The ports show no errors or rate drops.")
+
+
+def render() -> str:
+    doc = {
+        "rule_files": ["../flopwatch-fabric.yml", "../flopwatch-network.yml"],
+        "evaluation_interval": f"{INTERVAL_S}s",
+        "tests": [{"name": c.name, "interval": f"{INTERVAL_S}s", "input_series": _series(c),
+                   "alert_rule_test": c.checks} for c in cases()],
+    }
+    header = "# Generated by alerts/tests/fabric_cases.py: edit the cases there and run it.\n"
+    return header + yaml.safe_dump(doc, sort_keys=False, width=200)
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    sys.stdout.write(f"wrote {OUT}\n")
