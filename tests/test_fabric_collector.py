@@ -75,3 +75,22 @@ def test_agent_config_reads_topology_and_refuses_a_broken_file(tmp_path: Path) -
     env = {"FLOPWATCH_TOPOLOGY_SLURM": str(broken)}
     with pytest.raises(UsageError, match=r"^topology error: .*topology.conf:1: .*not a number"):
         fabric_collectors(cfg.load(None, environ=env), [])
+
+
+def test_built_agent_maps_the_nic_collectors_ports_to_the_conf_leaf() -> None:
+    from flopwatch.exporters.wiring import build_agent
+
+    sysfs = Path(__file__).parent / "fixtures" / "sysfs"
+    config = cfg.load(None, {"node": "gpu050", "backend": "sim", "nic.sysfs_root": str(sysfs),
+                             "topology.slurm": str(FIXTURES / "topology.conf")}, environ={})
+    agent = build_agent(config)
+    names = [c.name for c in agent.collectors]
+    assert names.index("nic") < names.index("fabric")  # the fabric collector reads the NIC's scan
+    for collector in agent.collectors:
+        if collector.name in ("nic", "fabric"):
+            collector.update()
+    fabric = next(c for c in agent.collectors if c.name == "fabric")
+    links = _samples(fabric)["flopwatch_fabric_link_info"]
+    assert {(s["device"], s["port"]) for s in links} >= {("mlx5_0", "1"), ("mlx5_0", "2")}
+    assert {s["switch"] for s in links} == {"leaf4"}
+    agent.close()

@@ -41,6 +41,9 @@ def build_agent(config: cfg.AgentConfig) -> Agent:
         gpu_collector = GpuCollector(backend, config.node, config.gpu, count)
         collectors.append(gpu_collector)
     collectors += _node_collectors(config, gpu_processes_of(gpu_collector))
+    from flopwatch.exporters.fabric import fabric_collectors  # after the NIC collector: reads its scan
+
+    collectors += fabric_collectors(config, collectors)
     if config.collectors.get("train", False):   # last: it starts a socket reader thread
         from flopwatch.exporters.train_intake import IntakeError, TrainIntake
 
