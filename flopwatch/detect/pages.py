@@ -243,12 +243,14 @@ class Incident:
     group_key: str
     opened_at: float
     alerts: list[Any] = field(default_factory=list)   # keys of the alerts it notified
+    group_labels: dict[str, str] = field(default_factory=dict)   # as Alertmanager's groupLabels
 
 
 @dataclass
 class _Group:
     route: Route
     key: str
+    labels: dict[str, str]
     members: dict[int, Alert] = field(default_factory=dict)
     last_firing: frozenset[int] | None = None       # the notification log entry
     last_resolved: frozenset[int] = frozenset()
@@ -297,7 +299,7 @@ def incidents(alerts: list[Alert], config: AlertmanagerConfig, receivers: set[st
                 gkey = (route.key, route.group_labels(labels))
                 group = groups.get(gkey)
                 if group is None:
-                    group = groups[gkey] = _Group(route, f"{route.key}:{dict(gkey[1])}")
+                    group = groups[gkey] = _Group(route, f"{route.key}:{dict(gkey[1])}", dict(gkey[1]))
                 if not group.live:
                     group.live = True
                     sequence += 1
@@ -326,7 +328,7 @@ def _flush(group: _Group, t: float, alerts: list[Alert], config: AlertmanagerCon
     resolved = frozenset(i for i, a in shown.items() if not a.firing(t))
     if shown and notify_decision(group, firing, resolved, t, config.send_resolved.get(group.route.receiver, True)):
         if firing and not group.last_firing:
-            group.incident = Incident(group.route.receiver, group.key, t)
+            group.incident = Incident(group.route.receiver, group.key, t, group_labels=group.labels)
             opened.append(group.incident)
         if firing and group.incident is not None:
             group.incident.alerts += [alerts[i].key for i in sorted(firing)

@@ -18,6 +18,7 @@ MAX_BODY = 10 * 1024 * 1024
 class WebhookReceiver:
     def __init__(self) -> None:
         self.alerts: list[dict[str, Any]] = []
+        self.payloads: list[dict[str, Any]] = []   # whole notifications (receiver, groupKey, status, ...)
         self.posts = 0
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -37,6 +38,7 @@ class WebhookReceiver:
                     return
                 with receiver._arrived:
                     receiver.posts += 1
+                    receiver.payloads.append(payload)
                     for alert in alerts:
                         alert["received_at"] = time.time()
                         receiver.alerts.append(alert)
