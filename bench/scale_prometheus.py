@@ -20,11 +20,15 @@ Three parts, each measured, none estimated:
   iterations run and missed, failed evaluations; and Prometheus's CPU time. The CPU the rules need
   is phase 2's minus phase 1's, scaled by the share of iterations actually run (on a starved
   machine Prometheus skips them), which depends far less on what else runs than wall time does.
+  `--exporter agent,dcgm` measures the same fleet twice in one run, its GPUs served by FlopWatch's
+  agent and then by dcgm-exporter (beside an agent for steps, NICs and host), and reports the
+  dcgm-exporter figures as ratios of the agent's.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -46,6 +50,7 @@ from flopwatch.promql import PromClient
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
+from flopwatch.sim.scenario import EXPORTERS
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
 from flopwatch.stack.process import require_binary
@@ -198,12 +203,15 @@ def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict
 
 
 def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None,
-                     rule_files: list[Path] = RULE_FILES) -> dict[str, object]:
+                     rule_files: list[Path] = RULE_FILES, exporter: str = "agent") -> dict[str, object]:
     """Phase 1 scrapes only; phase 2 reloads with every rule file. Rule CPU = phase 2's Prometheus
     CPU minus phase 1's, per evaluation actually run (a starved Prometheus skips iterations)."""
     if not rule_files:
         raise SystemExit("no rule files (flopwatch-*.yml) in the rules folder")
-    fleet = Fleet(fleet_scenario(nodes, interval), start_unix=time.time())
+    scenario = fleet_scenario(nodes, interval)
+    scenario = dataclasses.replace(scenario, fleet=dataclasses.replace(scenario.fleet, exporter=exporter))
+    fleet = Fleet(scenario, start_unix=time.time())
+    targets_expected = nodes * (1 if exporter == "agent" else 2)
     server = FleetServer(fleet)
     server.start()
     stop = threading.Event()
@@ -220,9 +228,9 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
         ticker.start()
         client = PromClient(prom.url, timeout=300)
         deadline = time.monotonic() + 300
-        while (client.scalar('count(up{job="sim"} == 1)') or 0) < nodes:
+        while (client.scalar('count(up{job="sim"} == 1)') or 0) < targets_expected:
             if time.monotonic() > deadline:
-                raise SystemExit(f"not all {nodes} targets came up within 300 s")
+                raise SystemExit(f"not all {targets_expected} targets came up within 300 s")
             time.sleep(2)
         time.sleep(20)
         scrape_only = _window(prom, seconds / 2)
@@ -260,10 +268,11 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
             return (window["last"][counter] - window["first"][counter]) / window["wall"]  # type: ignore[index]
 
         return {
-            "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval, "sim_tick_interval_s": tick or interval,
+            "exporter": exporter, "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval,
+            "sim_tick_interval_s": tick or interval,
             "window_s_scrape_only": round(scrape_only["wall"], 1), "window_s_with_rules": round(rules["wall"], 1),
             "head_series": last[("prometheus_tsdb_head_series", "")],
-            "series_per_node": round(client.scalar('avg(scrape_samples_scraped{job="sim"})') or 0, 1),
+            "series_per_node": round((client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0) / nodes, 1),
             "samples_per_s_scrape_only": round(appended(scrape_only)),
             "samples_per_s_with_rules": round(appended(rules)),
             "samples_per_s_nominal": round(last[("prometheus_tsdb_head_series", "")] / interval),
@@ -324,6 +333,18 @@ def _slowest_rules(url: str, top: int = 8) -> dict[str, float]:
     return {name: round(seconds, 4) for seconds, name in sorted(rules, reverse=True)[:top]}
 
 
+def ratios(measured: dict[str, object], reference: dict[str, object]) -> dict[str, float | None]:
+    """Rule cost, head series and samples of one exporter's run over the reference's, same run."""
+    keys = ("rule_core_seconds_per_s_per_1000_gpus", "head_series", "series_per_node", "samples_per_s_with_rules",
+            "prometheus_cpu_cores_scrape_only", "slowest_group_max_s")
+    out: dict[str, float | None] = {}
+    for key in keys:
+        mine, theirs = measured.get(key), reference.get(key)
+        ok = isinstance(mine, int | float) and isinstance(theirs, int | float) and theirs
+        out[key] = round(mine / theirs, 3) if ok else None  # type: ignore[operator]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1250)
@@ -337,14 +358,24 @@ def main() -> None:
     parser.add_argument("--skip-tsdb", action="store_true")
     parser.add_argument("--rules", metavar="DIR", type=Path, default=ROOT / "alerts",
                         help="folder of rule files (flopwatch-*.yml) to measure; default: alerts/")
+    parser.add_argument("--exporter", default="agent", metavar="NAMES",
+                        help="agent, dcgm or dcgm-default, or a comma list measured one after the other in this "
+                        "run (the first is the reference the others' ratios divide by)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
+    exporters = [name.strip() for name in args.exporter.split(",") if name.strip()]
+    if not exporters or any(name not in EXPORTERS for name in exporters):
+        parser.error(f"--exporter: expected one or more of {', '.join(EXPORTERS)}, comma-separated")
     results: dict[str, object] = {"series": series_counts(), "influx": sink_volume()}
     if not args.skip_tsdb:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)
     if not args.skip_serve:
-        results["serve"] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick,
-                                            sorted(args.rules.resolve().glob("flopwatch-*.yml")))
+        rules = sorted(args.rules.resolve().glob("flopwatch-*.yml"))
+        for exporter in exporters:
+            section = "serve" if exporter == exporters[0] else f"serve_{exporter}"
+            results[section] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick, rules, exporter)
+        for exporter in exporters[1:]:
+            results[f"ratio_{exporter}_to_{exporters[0]}"] = ratios(results[f"serve_{exporter}"], results["serve"])
     for section, values in results.items():
         print(f"\n| {section} | value |\n|---|---|")
         for key, value in values.items():  # type: ignore[union-attr]

@@ -58,7 +58,7 @@ MODELS: tuple[GpuModel, ...] = (
         1980, 345, 3201, 700, 75, 141 * 10**9, 18, 25e9, 5,
     ),
     GpuModel(
-        "B200", (r"B200",),
+        "B200", (r"(^|[^G])B200",),       # not GB200's name (no look-behind: Prometheus's RE2 reads these too)
         {"bf16": 2250 * TERA, "fp16": 2250 * TERA, "tf32": 1125 * TERA, "fp8": 4500 * TERA},
         1965, 345, 3996, 1000, 120, 180 * 10**9, 18, 50e9, 5,
     ),

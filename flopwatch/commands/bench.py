@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from flopwatch import resources
-from flopwatch.detect import detect
+from flopwatch.detect import compare, detect
 from flopwatch.detect.engine import EngineError
 from flopwatch.detect.rules import RuleFileError
 from flopwatch.durations import DurationError, parse_duration
@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     det.add_argument("--exact", action="store_true",
                      help="read every node through its real agent exposition (slow; the fast reader is "
                      "tested to give the same samples)")
+    det.add_argument("--exporter", default="agent", metavar="NAMES",
+                     help="what serves the simulated GPUs: agent (FlopWatch's, the default), dcgm (dcgm-exporter "
+                     "with FlopWatch's counters file) or dcgm-default (its default counters), beside an agent for "
+                     "steps, NICs and host; a comma list (agent,dcgm) runs the suite under each and compares them")
     det.add_argument("--log-level", default="warning", help="debug, info, warning or error")
     parser.set_defaults(bench=None)
 
@@ -84,25 +88,42 @@ def run(args: argparse.Namespace) -> int:
         scenarios = [s for s in map(detect.quick, scenarios) if s is not None]
         if not scenarios:
             raise UsageError(f"--quick: no scenario has at most {detect.QUICK_MAX_GPUS} GPUs")
+    try:
+        exporters = compare.parse_exporters(args.exporter)
+    except compare.ExporterError as error:
+        raise UsageError(str(error)) from None
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn(), TimeRemainingColumn())
     try:
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("detection benchmark", total=1.0)
-            report = detect.run_suite(
-                scenarios, args.rules, evaluation_interval=interval, exact=args.exact, alertmanager=args.alertmanager,
-                progress=lambda fraction, name: bar.update(task, completed=fraction, description=name))
+            reports = {}
+            for i, exporter in enumerate(exporters):
+                reports[exporter] = detect.run_suite(
+                    compare.with_exporter(scenarios, exporter), args.rules, evaluation_interval=interval,
+                    exact=args.exact, alertmanager=args.alertmanager,
+                    progress=lambda fraction, name, i=i: bar.update(
+                        task, completed=(i + fraction) / len(exporters), description=name))
     except (RuleFileError, detect.SuiteError) as error:
         raise UsageError(str(error)) from None
     except (EngineError, ServerError) as error:
         raise RuntimeFailure(str(error)) from None
     if args.json:
+        data = next(iter(reports.values())).as_dict() if len(reports) == 1 else {
+            exporter: report.as_dict() for exporter, report in reports.items()}
         try:
-            Path(args.json).write_text(json.dumps(report.as_dict(), indent=1))
+            Path(args.json).write_text(json.dumps(data, indent=1))
         except OSError as error:
             raise RuntimeFailure(f"cannot write {args.json}: {error.strerror}") from None
-    print_report(report, Console(file=sys.stdout))
+    out = Console(file=sys.stdout)
+    for exporter, report in reports.items():
+        if len(reports) > 1:
+            out.rule(f"exporter: {exporter}")
+        print_report(report, out)
+    if len(reports) > 1:
+        out.rule("agent and dcgm-exporter side by side")
+        compare.print_comparison(reports, out)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import threading
@@ -15,8 +16,9 @@ from flopwatch.durations import DurationError, parse_duration
 from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.logs import setup_logging
 from flopwatch.sim import history
+from flopwatch.sim.dcgm_exposition import DcgmExporterError
 from flopwatch.sim.fleet import Fleet
-from flopwatch.sim.scenario import Scenario, ScenarioError, load
+from flopwatch.sim.scenario import EXPORTERS, Scenario, ScenarioError, load
 from flopwatch.sim.scenarios import resolve, shipped
 from flopwatch.sim.serve import FleetServer
 
@@ -33,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--truth-out", metavar="FILE", help="write the ground truth (JSON) here at the end")
     parser.add_argument("--duration", metavar="DURATION",
                         help="run this long (e.g. 90s, 20m; default the scenario's duration)")
+    parser.add_argument("--exporter", choices=EXPORTERS, default=None,
+                        help="what serves the GPUs: agent (FlopWatch's), dcgm (dcgm-exporter with FlopWatch's "
+                        "counters file, at /node/<i>/dcgm/metrics, beside an agent for steps, NICs and host) or "
+                        "dcgm-default (its default counters); default the scenario's fleet.exporter")
     parser.add_argument("--nvlink-per-link", action="store_true",
                         help="per-link NVLink series (default: summed per GPU, which scales further)")
     parser.add_argument("--export-history", metavar="DIR",
@@ -74,8 +80,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--listen {args.listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9900") from None
     duration = _duration(args.duration, scenario.duration, "--duration")
+    if args.exporter:
+        scenario = dataclasses.replace(scenario, fleet=dataclasses.replace(scenario.fleet, exporter=args.exporter))
     fleet = Fleet(scenario, start_unix=start)
-    server = FleetServer(fleet, host, port, args.nvlink_per_link)
+    try:
+        server = FleetServer(fleet, host, port, args.nvlink_per_link)
+    except DcgmExporterError as error:
+        raise UsageError(str(error)) from None
     try:
         host, port = server.start()
     except OSError as error:

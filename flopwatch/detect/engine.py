@@ -25,11 +25,13 @@ import numpy as np
 
 from flopwatch.detect import remote_write
 from flopwatch.detect.alerts import AlertTracker, Episode
+from flopwatch.detect.dcgm_sampler import agent_names
 from flopwatch.detect.fast_sampler import Group, supported_names
 from flopwatch.detect.remote_write import STALE_NAN, encode_labels, encode_request
 from flopwatch.detect.rules import Rule, RuleSet, names_in, selectors
 from flopwatch.detect.sampler import Block, FleetSampler, Recorder, keep_by
 from flopwatch.promql import PromClient, PromError
+from flopwatch.sim.dcgm_exposition import DcgmExporterError, field_names, uses_flopwatch_counters
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
 from flopwatch.sim.scenario import Scenario, parse
@@ -185,9 +187,18 @@ class PrometheusEngine:
         self.exact = exact
         self.batch_samples = batch_samples
         exprs = [rule.expr for rule in self.rules.rules]
-        referenced = set().union(*(names_in(expr) for expr in exprs)) if exprs else set()
-        self.wanted = referenced & (producible_names() if produced is None else produced)
+        self.referenced = set().union(*(names_in(expr) for expr in exprs)) if exprs else set()
+        self.wanted = self.referenced & (producible_names() if produced is None else produced)
         self.selectors = selectors(exprs, self.wanted)
+        self.produced = produced
+
+    def _for_exporter(self, exporter: str) -> None:
+        """What the rules read of a fleet whose GPUs are behind `exporter` (scenario `fleet.exporter`)."""
+        produced = producible_names() if self.produced is None else self.produced
+        if exporter != "agent":
+            produced = agent_names(produced) | field_names(uses_flopwatch_counters(exporter))
+        self.wanted = self.referenced & produced
+        self.selectors = selectors([rule.expr for rule in self.rules.rules], self.wanted)
 
     # -- writing ---------------------------------------------------------------------------------
     def _write(self, url: str, block: Block | None) -> int:
@@ -210,7 +221,11 @@ class PrometheusEngine:
     # -- the run ---------------------------------------------------------------------------------
     def run(self, scenario: Scenario, progress: Progress | None = None) -> RunResult:
         fleet = Fleet(scenario, START_UNIX)
-        sampler = FleetSampler(fleet, self.wanted, exact_nodes_for(scenario), self.exact)
+        self._for_exporter(scenario.fleet.exporter)
+        try:
+            sampler = FleetSampler(fleet, self.wanted, exact_nodes_for(scenario), self.exact)
+        except DcgmExporterError as error:
+            raise EngineError(f"{scenario.name}: {error}") from None
         result = self.evaluate(_FleetSource(fleet, sampler), scenario.duration, scenario.scrape_interval,
                                scenario.name, progress)
         return RunResult(scenario, fleet.truth.as_dict(), START_UNIX, result.episodes, result.observed,

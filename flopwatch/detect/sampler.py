@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flopwatch.detect.dcgm_sampler import DcgmSampler, agent_names
 from flopwatch.detect.fast_sampler import SCRAPE_JOB, FastSampler, Group, Labels, supported_names
 from flopwatch.detect.remote_write import STALE_NAN, encode_labels
+from flopwatch.sim.dcgm_exposition import field_names, uses_flopwatch_counters
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
 
@@ -72,14 +74,20 @@ class ExactSampler:
 
 class FleetSampler:
     """Every node of a fleet, through the fast path except `exact_nodes` (and all of them when
-    `exact` is set or the rules read a series the fast path does not produce)."""
+    `exact` is set or the rules read a series the fast path does not produce). With the fleet's
+    `exporter` a dcgm-exporter mode, every node's GPUs come from dcgm_sampler.py instead, and the
+    agent part serves the rest (no lost-GPU state machine to run: no exact nodes needed)."""
 
     def __init__(self, fleet: Fleet, wanted: set[str], exact_nodes: Iterable[int] = (), exact: bool = False) -> None:
         everyone = range(len(fleet.nodes))
+        self.parts: list[ExactSampler | FastSampler | DcgmSampler] = []
+        exporter = fleet.scenario.fleet.exporter
+        if exporter != "agent":
+            self.parts.append(DcgmSampler(fleet, list(everyone), wanted, uses_flopwatch_counters(exporter)))
+            wanted, exact_nodes = agent_names(wanted) - field_names(True), ()
         exact_set = set(everyone) if exact or not wanted <= supported_names() else set(exact_nodes)
         fast = [i for i in everyone if i not in exact_set]
         self.exact_nodes = sorted(exact_set)
-        self.parts: list[ExactSampler | FastSampler] = []
         if fast:
             self.parts.append(FastSampler(fleet, fast, wanted))
         if exact_set:

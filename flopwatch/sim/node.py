@@ -174,13 +174,16 @@ class SimJobCollector(_NodeCollector):
 class SimNodeAgent:
     """The agent of one simulated node: the real Agent with the real GPU collector."""
 
-    def __init__(self, fleet: Fleet, node: SimNode, nvlink_per_link: bool = False) -> None:
+    def __init__(self, fleet: Fleet, node: SimNode, nvlink_per_link: bool = False, gpus: bool = True) -> None:
+        """`gpus` False: the agent beside dcgm-exporter (collectors.gpu and attribution off)."""
         options = GpuOptions(peak_flops=None, dtype="bf16", nvlink_per_link=nvlink_per_link, timeout=1.0,
                              dcgm_host="")
         backend = SimBackend(node.gpus, self_advancing=False, nvlink_per_link=nvlink_per_link)
         gpu = GpuCollector(backend, node.name, options, len(node.gpus), threaded=False, clock=lambda: fleet.t)
         collectors = [gpu, SimTrainCollector(fleet, node), SimNicCollector(fleet, node),
                       SimHostCollector(fleet, node), SimJobCollector(fleet, node)]
+        if not gpus:
+            collectors = [c for c in collectors if not isinstance(c, GpuCollector | SimJobCollector)]
         fabric = sim_fabric_collector(fleet, node)
         if fabric is not None:
             collectors.append(fabric)

@@ -54,6 +54,9 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
 }
 #: What a degrading switch does to every port beneath it (`mode:` of switch_degrade).
 SWITCH_MODES = ("errors", "rate", "flap")
+#: `fleet.exporter`: FlopWatch's agent, dcgm-exporter with FlopWatch's counters file, or with its
+#: default counters (docs/dcgm-exporter.md, "The detection benchmark on dcgm-exporter").
+EXPORTERS = ("agent", "dcgm", "dcgm-default")
 #: Fault kinds that need the scenario's `fabric:`.
 FABRIC_KINDS = {"switch_degrade", "uplink_slow", "cable_flap"}
 #: Default fractional slowdown of the affected rank(s) per fault kind, when the file gives none.

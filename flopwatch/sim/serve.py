@@ -3,7 +3,9 @@
 Every node is its own scrape target at `/node/<index>/metrics` on one loopback address, with an
 explicit `instance` label (the node name) in the file_sd targets file, so Prometheus treats them as
 separate machines. Each tick advances the fleet and re-renders every node through its SimNodeAgent;
-a scrape only copies the last bytes.
+a scrape only copies the last bytes. With the fleet's GPUs behind dcgm-exporter (`fleet.exporter`),
+each node is a second target too, `/node/<index>/dcgm/metrics` with instance `<node>:9400`
+(flopwatch/sim/dcgm_exposition.py), and its agent serves no GPU or attribution series.
 """
 
 from __future__ import annotations
@@ -17,20 +19,25 @@ from collections import deque
 from pathlib import Path
 
 from flopwatch.exporters.http import HttpServer, Response
+from flopwatch.sim.dcgm_exposition import DcgmNodeExporter, uses_flopwatch_counters
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
 
 log = logging.getLogger(__name__)
 
-_NODE_PATH = re.compile(r"^/node/(\d+)/metrics$")
+_NODE_PATH = re.compile(r"^/node/(\d+)/(dcgm/)?metrics$")
 
 
 class FleetServer:
     def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int = 0,
                  nvlink_per_link: bool = False) -> None:
         self.fleet = fleet
-        self.agents = [SimNodeAgent(fleet, node, nvlink_per_link) for node in fleet.nodes]
+        exporter = fleet.scenario.fleet.exporter
+        self.agents = [SimNodeAgent(fleet, node, nvlink_per_link, gpus=exporter == "agent") for node in fleet.nodes]
+        self.dcgm = [] if exporter == "agent" else [
+            DcgmNodeExporter(fleet, node, uses_flopwatch_counters(exporter)) for node in fleet.nodes]
         self.expositions: list[bytes] = [b""] * len(self.agents)
+        self.dcgm_expositions: list[bytes] = [b""] * len(self.dcgm)
         self.http = HttpServer(host, port, self.route)
         self.lock = threading.Lock()   # held while the fleet changes (ticks, injected faults)
         self.ticks = 0
@@ -45,8 +52,9 @@ class FleetServer:
         match = _NODE_PATH.match(path)
         if match:
             index = int(match.group(1))
-            if index < len(self.expositions):
-                return Response(200, self.expositions[index])
+            bodies = self.dcgm_expositions if match.group(2) else self.expositions
+            if index < len(bodies):
+                return Response(200, bodies[index])
         if path == "/":
             body = f"FlopWatch simulator: {len(self.agents)} nodes at /node/<index>/metrics\n".encode()
             return Response(200, body, "text/plain")
@@ -54,6 +62,7 @@ class FleetServer:
 
     def render_all(self) -> None:
         self.expositions = [agent.render() for agent in self.agents]
+        self.dcgm_expositions = [exporter.render() for exporter in self.dcgm]
 
     def tick(self, dt: float) -> None:
         started = time.perf_counter()
@@ -73,9 +82,12 @@ class FleetServer:
 
     def targets(self) -> list[dict[str, object]]:
         host, port = self.address
-        return [{"targets": [f"{host}:{port}"],
-                 "labels": {"__metrics_path__": f"/node/{node.index}/metrics", "instance": node.name}}
-                for node in self.fleet.nodes]
+        agents = [{"targets": [f"{host}:{port}"],
+                   "labels": {"__metrics_path__": f"/node/{node.index}/metrics", "instance": node.name}}
+                  for node in self.fleet.nodes]
+        return agents + [{"targets": [f"{host}:{port}"],
+                          "labels": {"__metrics_path__": f"/node/{exporter.node.index}/dcgm/metrics",
+                                     "instance": exporter.instance}} for exporter in self.dcgm]
 
     def write_file_sd(self, path: str | Path) -> Path:
         """Write the targets file atomically (Prometheus re-reads it on change)."""
