@@ -22,12 +22,14 @@ from flopwatch.dashboards import common
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "dashboards"
-UIDS = ["flopwatch-fleet", "flopwatch-job", "flopwatch-node", "flopwatch-network", "flopwatch-reliability"]
+UIDS = ["flopwatch-fleet", "flopwatch-job", "flopwatch-node", "flopwatch-network", "flopwatch-fabric",
+        "flopwatch-reliability"]
 VARIABLES = {
     "flopwatch-fleet": {"datasource", "job_id"},
     "flopwatch-job": {"datasource", "job_id", "node", "gpu"},
     "flopwatch-node": {"datasource", "node", "gpu"},
     "flopwatch-network": {"datasource", "node"},
+    "flopwatch-fabric": {"datasource", "level", "switch"},
     "flopwatch-reliability": {"datasource", "job_id", "node"},
 }
 BUILT = dashboards.build_all()
@@ -161,7 +163,7 @@ def test_template_variables() -> None:
             assert any(f"${name}" in expr for expr in exprs), f"{uid}: ${name} is offered but unused"
             # equality breaks on multi-select and All: selectors on variables are regex matches
             assert not any(re.search(rf'[^=!]="\${name}"', expr) for expr in exprs), f"{uid} ${name}"
-    assert union == {"datasource", "job_id", "node", "gpu"}
+    assert union == {"datasource", "job_id", "node", "gpu", "level", "switch"}
 
 
 # --- links --------------------------------------------------------------------------------------------

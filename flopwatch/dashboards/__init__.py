@@ -14,7 +14,7 @@ from typing import Any
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from flopwatch.dashboards import common, fleet, job, network, node, reliability
+from flopwatch.dashboards import common, fabric, fleet, job, network, node, reliability
 
 #: uid -> builder, in the order the dashboards are listed and pushed.
 BUILDERS: dict[str, Callable[[str], dm.Dashboard]] = {
@@ -22,6 +22,7 @@ BUILDERS: dict[str, Callable[[str], dm.Dashboard]] = {
     job.UID: job.build,
     node.UID: node.build,
     network.UID: network.build,
+    fabric.UID: fabric.build,
     reliability.UID: reliability.build,
 }
 

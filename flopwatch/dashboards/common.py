@@ -62,6 +62,13 @@ RULES: tuple[str, ...] = (
     "node_gpu:flopwatch_gpu_pcie_link_generation:max", "node_gpu:flopwatch_gpu_pcie_link_max_generation:max",
     "node_gpu:flopwatch_gpu_pcie_replays:rate5m", "node_gpu:flopwatch_gpu_nvlink_bytes:rate1m",
     "node_gpu:flopwatch_gpu_nvlink_errors:sum_rate1m",
+    # fabric records (alerts/flopwatch-fabric.yml): the topology joined with the NIC counters
+    "node_port:flopwatch_fabric_link_info:max", "switch:flopwatch_fabric_uplink_info:max",
+    "switch:flopwatch_fabric_ports:count", "switch:flopwatch_fabric_nodes:count",
+    "switch:flopwatch_fabric_ports_erroring:ratio", "switch:flopwatch_fabric_ports_rate_degraded:ratio",
+    "switch:flopwatch_fabric_ports_flapping:ratio", "switch:flopwatch_fabric_ports_xmit_wait:ratio",
+    "switch_cause:flopwatch_fabric_shared_fault:priority", "node_port:flopwatch_nic_xmit_wait:rate1m",
+    "fleet:flopwatch_nic_xmit_wait:median1m",
 )
 #: The canonical records of every GPU and of the job holding it: panels and variables read these, not
 #: flopwatch_gpu_up/flopwatch_gpu_job_info, so that they work on the agent and on dcgm-exporter alike.

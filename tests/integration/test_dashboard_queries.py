@@ -36,6 +36,8 @@ MODEL = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8
 SCENARIO = {
     "name": "dashboards", "seed": 5, "duration": "1h", "scrape_interval": "1s",
     "fleet": {"nodes": 6, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 8},
+    # Leaves of three nodes per rail, two spines: the fabric dashboard's panels read its topology info.
+    "fabric": {"rail_optimised": True, "nodes_per_leaf": 3, "spines": 2},
     "jobs": [
         {"id": "llm-a", "nodes": "0-3", "model": MODEL, "tokens_per_step": 262144, "target_mfu": 0.45,
          "checkpoint_every": "15s", "checkpoint_seconds": "1s", "user": "alice"},
@@ -59,6 +61,7 @@ VARIABLES = {
     "flopwatch-job": {"job_id": "llm-a", "node": ALL, "gpu": ALL},
     "flopwatch-node": {"node": "node0002", "gpu": "(3|5)"},
     "flopwatch-network": {"node": ALL},
+    "flopwatch-fabric": {"level": ALL, "switch": ALL},
     "flopwatch-reliability": {"job_id": ALL, "node": ALL},
 }
 BUILTINS = checks.BUILTINS

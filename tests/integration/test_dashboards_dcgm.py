@@ -44,6 +44,7 @@ def variables(job: str, node: str) -> dict[str, dict[str, str]]:
             "flopwatch-job": {"job_id": job, "node": ".*", "gpu": ".*"},
             "flopwatch-node": {"node": node, "gpu": "(3|5)"},
             "flopwatch-network": {"node": node},
+            "flopwatch-fabric": {"level": ".*", "switch": ".*"},
             "flopwatch-reliability": {"job_id": ".*", "node": node}}
 
 
