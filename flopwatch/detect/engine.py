@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flopwatch.detect import remote_write
+from flopwatch.detect import interruptions, remote_write
 from flopwatch.detect.alerts import AlertTracker, Episode
 from flopwatch.detect.dcgm_sampler import agent_names
 from flopwatch.detect.fast_sampler import Group, supported_names
@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 START_UNIX = 1_700_000_000.0
 #: Recording rules whose results the scorer needs, kept as they are evaluated.
 OBSERVED = ("job_id:flopwatch_mfu:ratio", "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_badput:ratio",
-            "job_id:flopwatch_step_time_lost:ratio")
+            "job_id:flopwatch_step_time_lost:ratio",
+            "job_id:flopwatch_ettr:ratio", *interruptions.OBSERVED)
 Labels = tuple[tuple[str, str], ...]
 Progress = Callable[[float, str], None]
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from flopwatch.detect import interruptions
 from flopwatch.detect.alerts import Episode
 from flopwatch.detect.pages import Alert, AlertmanagerConfig, incidents
 from flopwatch.sim.scenario import Scenario
@@ -62,7 +63,8 @@ RATE_WINDOW_S = 300.0
 #: Recorded series scored per job: (name, label filter, truth field).
 JOB_FIGURES = (("job_id:flopwatch_goodput:ratio", {}, "goodput"),
                ("job_id:flopwatch_badput:ratio", {"cause": "straggler"}, "straggler_badput"),
-               ("job_id:flopwatch_step_time_lost:ratio", {}, "lost_share"))
+               ("job_id:flopwatch_step_time_lost:ratio", {}, "lost_share"),
+               ("job_id:flopwatch_ettr:ratio", {}, "ettr"))
 LATENCY_TARGET_S = 30.0
 LONG_STEP_S = 10.0
 LONG_STEP_TARGET_STEPS = 3
@@ -153,6 +155,7 @@ class JobScore:
     truth: dict[str, float]            # goodput, straggler_badput, lost_share
     rule: dict[str, float | None]
     source: str = "physics"            # "trace": a replayed What-if trace, the study is its truth
+    interruptions: dict[str, Any] | None = None   # drawn interruptions scored (detect/interruptions.py)
 
     @property
     def stage_right(self) -> bool | None:
@@ -406,14 +409,21 @@ def job_scores(scenario: Scenario, truth: dict[str, Any], episodes: list[Episode
         lost = job.get("lost", {"culprit": "none", "share": 0.0})
         badput = job.get("badput", {})
         true_figures = {"goodput": job["goodput"], "straggler_badput": badput.get("straggler", 0.0),
-                        "lost_share": lost["share"]}
+                        "lost_share": lost["share"], "ettr": job.get("ettr", job["goodput"])}
         rule = {key: _rule_mean(recorded, name, match, job_id, span) for name, match, key in JOB_FIGURES}
         mine = [e for e in episodes if e.labels.get("job_id") == job_id]
         out.append(JobScore(job_id, lost["culprit"], job.get("slow_stage"),
                             sorted(e.labels.get("stage", "") for e in mine if e.alertname == IMBALANCE_ALERT),
                             sum(e.alertname == STRAGGLER_ALERT for e in mine), true_figures, rule,
-                            job.get("source", "physics")))
+                            job.get("source", "physics"), _interruptions(job_id, job, recorded, start_unix,
+                                                                        (begin, end), span)))
     return out
+
+
+def _interruptions(job_id: str, job: dict[str, Any], recorded: dict[str, Observed], start_unix: float,
+                   run: tuple[float, float], span: tuple[float, float]) -> dict[str, Any] | None:
+    score = interruptions.score_job(job_id, job, recorded, (start_unix + run[0], start_unix + run[1]), span)
+    return None if score is None else score.as_dict()
 
 
 def score_scenario(scenario: Scenario, truth: dict[str, Any], episodes: list[Episode], start_unix: float,

@@ -15,6 +15,7 @@ import numpy as np
 
 from flopwatch.catalog import train as train_metrics
 from flopwatch.exporters.gpu.simulated import SimulatedGpu, Workload
+from flopwatch.sim import failures
 from flopwatch.sim.fabric import FabricFaults
 from flopwatch.sim.jobs import PHASES, JobRunner, StepResult
 from flopwatch.sim.nic import SimulatedNic
@@ -117,6 +118,7 @@ class JobState:
     last_step: StepResult | None = None
     finished_at: float | None = None   # sim time the job ended
     restarted_faults: set[int] = field(default_factory=set)
+    checkpoint_iteration: int = 0      # the iteration its last checkpoint saved (a restart resumes there)
 
     def rank_of(self, node: int, gpu: int) -> int | None:
         nodes = self.runner.spec.nodes
@@ -164,6 +166,10 @@ class Fleet:
             record = self._trace_worker_truth(state)
             if record is not None:
                 self.truth.faults.append(record)
+        self.interruptions = [] if scenario.failures is None else failures.draw(
+            scenario.failures, scenario.jobs, fleet.gpus_per_node, fleet.nics_per_node, scenario.duration)
+        for number, item in enumerate(self.interruptions):   # what the alerts on it are scored against
+            self.truth.faults.append(self._interruption_truth(number, item))
 
     # -- time ----------------------------------------------------------------------------------
     @property
@@ -204,6 +210,8 @@ class Fleet:
         truth.allocated_s += stop - begin
         flops_done = 0.0
         if runner.slow.stalled:
+            if state.pending is not None and state.pending.start < begin:   # the step in flight is lost
+                truth.add_badput("restart", begin - state.pending.start)
             runner.clock = max(runner.clock, stop)
             truth.add_badput("restart", stop - begin)
             state.pending = None
@@ -247,6 +255,7 @@ class Fleet:
         runner.clock += seconds
         runner.next_checkpoint += runner.spec.checkpoint_every
         runner.steps_since_checkpoint = 0
+        state.checkpoint_iteration = runner.steps - runner.replay_steps
         state.truth.add_badput("checkpoint", seconds)
 
     def _assign(self, state: JobState, job_id: str | None) -> None:
@@ -310,6 +319,8 @@ class Fleet:
             state.runner.slow.reset()
         for fault in self.scenario.faults:
             self._apply(fault, t)
+        for interruption in self.interruptions:
+            self._interrupt(interruption, t)
         for state in self.jobs.values():
             slow = state.runner.slow
             for position, index in enumerate(state.runner.spec.nodes):
@@ -321,6 +332,41 @@ class Fleet:
                     slow.speed[rank] *= gpu.speed()
                     if gpu.lost:
                         slow.stalled = True
+
+    def _interruption_truth(self, number: int, item: failures.Interruption) -> dict[str, object]:
+        """A fault record for a drawn interruption: its node, GPU or NIC, for its down time."""
+        state = self.jobs[item.job_id]
+        gpu = item.gpu if item.telemetry in ("gpu_lost", "xid") else None
+        return {
+            "index": failures.TRUTH_INDEX + number, "kind": failures.FAULT_KIND[item.telemetry],
+            "cause": failures.FAULT_CAUSE[item.telemetry], "node": node_name(item.node), "node_index": item.node,
+            "gpu": gpu, "nic": item.nic, "device": f"mlx5_{item.nic}" if item.nic is not None else None,
+            "job_id": item.job_id, "rank": state.rank_of(item.node, gpu) if gpu is not None else None,
+            "start": item.start, "end": item.end, "slowdown": 0.0, "xid": item.xid, "interruption": item.cause,
+        }
+
+    def _interrupt(self, item: failures.Interruption, t: float) -> None:
+        """A drawn interruption: the job stops (with its telemetry) and resumes from its last checkpoint."""
+        state = self.jobs[item.job_id]
+        runner, node = state.runner, self.nodes[item.node]
+        if item.start <= t < item.end:
+            runner.slow.stalled = True
+            if not item.fired:
+                item.fired = True
+                state.truth.interruptions.append(item.record)
+                if item.xid is not None:
+                    node.gpus[item.gpu].inject_xid(item.xid)   # 79 also loses the GPU until the restart
+                if item.nic is not None:
+                    node.nics[item.nic].link_downed += 1
+        elif t >= item.end and item.fired and not item.restarted:
+            item.restarted = True
+            if item.xid == 79:
+                node.gpus[item.gpu].restore()
+            # everything since the checkpoint is done again, steps being replayed included
+            item.lost_steps = runner.steps - runner.replay_steps - state.checkpoint_iteration
+            runner.restart(t, item.lost_steps)
+            runner.next_checkpoint = runner.clock + runner.spec.checkpoint_every   # saves count from the restart
+            item.record.update(restart_at=t, restart_seconds=t - item.start, lost_steps=item.lost_steps)
 
     def _apply(self, fault: FaultSpec, t: float) -> None:
         if fault.node is None:            # a switch or an uplink: the fabric's

@@ -25,6 +25,7 @@ from typing import Any
 
 from flopwatch import durations, yamlfile
 from flopwatch.hardware import GpuModel, known_names, model_by_name
+from flopwatch.sim import failures as failure_draws
 from flopwatch.topology.model import Fabric, TopologyError
 from flopwatch.train.flops import DecoderShape
 
@@ -197,6 +198,7 @@ class Scenario:
     faults: list[FaultSpec] = field(default_factory=list)
     source: str = ""
     fabric: Fabric | None = None     # `fabric:`, over the fleet's node names
+    failures: failure_draws.FailureSpec | None = None   # `failures:`, interruptions drawn at a rate
 
 
 class _Reader:
@@ -257,7 +259,7 @@ class _Reader:
 def parse(data: Any, source: str = "") -> Scenario:
     top = _Reader(data, "")
     top.check_keys({"name", "seed", "duration", "scrape_interval", "fleet", "jobs", "faults", "description",
-                    "fabric"})
+                    "fabric", "failures"})
     fleet_r = _Reader(top.raw("fleet"), "fleet")
     fleet_r.check_keys({"nodes", "gpus_per_node", "gpu_model", "nics_per_node", "exporter"})
     model_name = fleet_r.text("gpu_model", "H100-SXM")
@@ -310,9 +312,13 @@ def parse(data: Any, source: str = "") -> Scenario:
         raise ScenarioError("faults: expected a list of faults")
     fabric = parse_fabric(top, fleet, base)
     faults = [parse_fault(item, f"faults[{i}]", i, fleet, duration, fabric) for i, item in enumerate(faults_raw)]
+    seed = top.integer("seed", 0, 2**32 - 1, 0)
+    drawn = failure_draws.parse(top.raw("failures"), "failures", seed, _Reader, ScenarioError) \
+        if top.has("failures") else None
     return Scenario(
-        name=top.text("name", "scenario"), seed=top.integer("seed", 0, 2**32 - 1, 0), duration=duration,
+        name=top.text("name", "scenario"), seed=seed, duration=duration,
         scrape_interval=scrape_interval, fleet=fleet, jobs=jobs, faults=faults, source=source, fabric=fabric,
+        failures=drawn,
     )
 
 

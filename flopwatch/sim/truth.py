@@ -51,6 +51,7 @@ class JobTruth:
     actual_s: float = 0.0          # step time of productive steps
     lost_s: float = 0.0            # of it, time lost to waiting for slower ranks
     lost_class_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CLASSES, 0.0))
+    interruptions: list[dict[str, Any]] = field(default_factory=list)   # drawn ones that restarted
 
     def observe_step(self, wall: float, lost: float, lost_by_class: dict[str, float]) -> None:
         self.actual_s += wall
@@ -101,6 +102,8 @@ class Truth:
                 "allocated_seconds": job.allocated_s, "step_seconds": job.actual_s, "badput_seconds": job.badput_s,
                 "badput": {c: s / job.allocated_s for c, s in job.badput_s.items()} if job.allocated_s else {},
                 "stages": job.stages, "slow_stage": job.slow_stage, "source": job.source, "lost": job.lost(),
+                "ettr": job.actual_s / job.allocated_s if job.allocated_s else 0.0,
+                "interruptions": job.interruptions,
                 "series": [[round(t, 3), round(m, 6), round(g, 6)] for t, m, g in job.series],
             }
         return {"scenario": self.scenario, "seed": self.seed, "scrape_interval": self.scrape_interval,
