@@ -16,20 +16,15 @@ from pathlib import Path
 import yaml
 
 from flopwatch import hardware
+from flopwatch.sim.dcgm_exposition import CLOCK_EVENT_BITS, NVLINK_UNIT_BYTES  # shared with the simulator
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "alerts" / "flopwatch-dcgm.yml"
 #: The same text as a template of the rules mixin: `flopwatch rules build` adds the dcgm-exporter
 #: selector of a config to it (with the defaults its output is OUT, byte for byte).
 TEMPLATE = ROOT / "flopwatch" / "mixin" / "templates" / "flopwatch-dcgm.yml"
-#: DCGM clock-event bits (dcgm-exporter internal/pkg/collector/clock_events_collector.go) under the
-#: agent's reason names (flopwatch_gpu_clock_event_active).
-CLOCK_EVENT_BITS = (("idle", 1), ("sw_power_cap", 4), ("hw_slowdown", 8), ("sync_boost", 16),
-                    ("sw_thermal", 32), ("hw_thermal", 64), ("hw_power_brake", 128))
 #: MIG compute slices out of the 7 of an A100/H100/H200/B200 (GPU_I_PROFILE "3g.40gb" -> 3).
 MIG_SLICES = 7
-#: Bytes per second in one unit of DCGM's NVLink throughput field (KiB/s divided by 1000).
-NVLINK_UNIT_BYTES = 1024 * 1000
 CLOCK_TABLE = "model:flopwatch_gpu_sm_clock_max_hertz:hardware"
 PEAK_TABLE = "model_dtype:flopwatch_gpu_peak_dense_flops:hardware"
 HEADER = """\

@@ -59,10 +59,10 @@ OPT_IN_FIELDS = (
     ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors.", "int"),
     ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.", "int"),
     ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.", "int"),
-    ("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe current link generation.", "int"),
     ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe current link width.", "int"),
-    ("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "gauge", "PCIe maximum link generation.", "int"),
     ("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "gauge", "PCIe maximum link width.", "int"),
+    ("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe current link generation.", "int"),
+    ("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "gauge", "PCIe maximum link generation.", "int"),
 )
 XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
 #: NVML device names of FlopWatch's NVIDIA models, as DCGM reports them in `modelName`.
