@@ -23,7 +23,7 @@ failed scrapes, p99 reported, RSS growth under 5% after warm-up.
 `--agent-nice -5` gives the agent the priority deploy/systemd/flopwatch-agent.service gives it
 (`Nice=-5`): on a machine shared with other work, that is what decides how much CPU it gets.
 
-The issue's run is `--duration 600 --warmup 60`.
+The run of record (bench/RESULTS.md) is `--duration 600 --warmup 60`.
 """
 
 from __future__ import annotations
@@ -363,7 +363,7 @@ def table(f: Figures) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (the issue's run: 600)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (the run of record: 600)")
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds before the RSS baseline is taken")
     parser.add_argument("--scrapers", type=int, default=100)
     parser.add_argument("--scrape-interval", type=float, default=1.0)
