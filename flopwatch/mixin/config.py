@@ -3,7 +3,8 @@ dataclasses whose defaults are the shipped rules' behaviour.
 
 `load(path)` reads a YAML file of overrides (any subset of defaults.yml, which documents every key);
 a wrong key or value is one line naming the file, the line and what is expected. Durations use
-Prometheus's grammar (`90s`, `1m30s`, `6h`), because they are written into PromQL as they are.
+Prometheus's grammar (flopwatch/durations.py: `90s`, `1m30s`, `6h`), because they are written into
+PromQL as they are; the file is read by flopwatch/yamlfile.py, then composed for line numbers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, NewType
 
 import yaml
 
-from flopwatch.config import ConfigError, read_text_file
+from flopwatch import durations, yamlfile
+from flopwatch.config import ConfigError
 
 #: A Prometheus duration as written in PromQL (`30s`, `1m30s`, `6h`).
 Duration = NewType("Duration", str)
@@ -28,8 +30,6 @@ Url = NewType("Url", str)
 #: The `dtype` label value of the peak FLOP/s that MFU divides by (bf16, fp16, fp8, tf32...).
 Dtype = NewType("Dtype", str)
 
-_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
-_DURATION_UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _SELECTOR = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*)?$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -38,10 +38,7 @@ _DTYPE = re.compile(r"^[a-z0-9_]+$")
 
 def duration_seconds(text: str) -> float:
     """Seconds of a Prometheus duration (`1m30s` -> 90.0); ValueError when it is not one."""
-    match = _DURATION.match(text)
-    if not text or not match or not any(match.groups()):
-        raise ValueError(text)
-    return sum(int(n) * unit for n, unit in zip(match.groups(), _DURATION_UNITS, strict=True) if n)
+    return durations.parse_duration(text, "duration", bare_seconds=False)
 
 
 @dataclass(frozen=True)
@@ -233,7 +230,10 @@ def load(path: str | Path | None = None) -> MixinConfig:
     if path is None:
         return MixinConfig()
     path = Path(path)
-    text = read_text_file(path)
+    try:
+        text = yamlfile.read_text(path)
+    except yamlfile.YamlFileError as error:
+        raise ConfigError(str(error)) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as error:
