@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from flopwatch.commands.demo import alertmanager_config
 from flopwatch.detect.alerts import Episode
 from flopwatch.detect.detect import run_scenario
 from flopwatch.detect.pages import Alert, AlertmanagerConfig, incidents, parse_matcher
@@ -34,9 +35,9 @@ from flopwatch.stack.webhook import WebhookReceiver
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SCALE = 0.08                       # wall seconds per simulated second
+SCALE = 0.15                       # wall seconds per simulated second
 GROUP_WAIT_S, GROUP_INTERVAL_S = 12.5, 60.0   # simulated: flushes fall between the 5 s steps
-FAULT_START_S, WINDOW_S = 120.0, 240.0        # replay the first 4 minutes of the fault
+FAULT_START_S, WINDOW_S = 120.0, 150.0        # replay the fault's first 2.5 minutes
 FABRIC_SOURCES = ("FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded")
 SCENARIO = {
     "name": "flapping-leaf", "seed": 13, "duration": "8m", "scrape_interval": "5s",
@@ -56,15 +57,10 @@ def fired() -> tuple[list[Episode], float]:
 
 
 def config(webhook_url: str | None, scale: float, inhibit: bool) -> dict[str, Any]:
-    """alertmanager.yml as shipped, every route's waits set to the test's (times `scale`), every
-    receiver a webhook; without `inhibit`, the fabric alerts inhibit nothing."""
+    """alertmanager.yml as shipped, every receiver a webhook (the demo's), every route's waits set
+    to the test's (times `scale`); without `inhibit`, the fabric alerts inhibit nothing."""
     path = ROOT / "alerts" / "alertmanager.yml"
-    data = yaml.safe_load(path.read_text())
-    data["templates"] = [str(path.parent / pattern) for pattern in data.get("templates", [])]
-    for receiver in data["receivers"]:
-        for key in [key for key in receiver if key.endswith("_configs")]:
-            del receiver[key]
-        receiver["webhook_configs"] = [{"url": webhook_url or "http://127.0.0.1:9/", "send_resolved": True}]
+    data = alertmanager_config(webhook_url or "http://127.0.0.1:9/")
     routes = [data["route"]]
     while routes:
         route = routes.pop()
