@@ -166,6 +166,12 @@ def cases() -> list[Case]:
                  "FlopWatchUplinkDegraded", {"switch": "leaf1", "level": "leaf"},
                  "uplink of leaf leaf1 to one of spine1, spine2 degraded: 1 job(s) crossing it slowed, 4 of "
                  "its 8 ports waiting", _uplink_text())])]),
+        Case("ports of a heavy job waiting 6x the fleet's typical port all along, with a job slowing, are "
+             "no congestion: each port against its own usual waits",
+             ports={n: Port(xmit_wait=(1.2e6, 1.2e6)) for n in _nodes(1, 2, 3, 4, 5, 6, 7, 8)},
+             jobs={"heavy": (_nodes(1, 2, 3, 4, 5, 6, 7, 8), 0.2)},
+             checks=[_check(at, alert, []) for at in ("10m", "21m")
+                     for alert in ("FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded")]),
         Case("the healthy background, two bad cables on one leaf and a job slowed for its own reasons "
              "give no switch or uplink alert",
              ports={n: Port(symbol_error=bad) for n in _nodes(3, 4)},
