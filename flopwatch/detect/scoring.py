@@ -66,6 +66,11 @@ JOB_FIGURES = (("job_id:flopwatch_goodput:ratio", {}, "goodput"),
                ("job_id:flopwatch_step_time_lost:ratio", {}, "lost_share"),
                ("job_id:flopwatch_ettr:ratio", {}, "ettr"))
 LATENCY_TARGET_S = 30.0
+#: Faults of a switch or an uplink (named by a `switch` label), and of one cable.
+SWITCH_KINDS = {"switch_degrade", "uplink_slow"}
+FABRIC_KINDS = SWITCH_KINDS | {"cable_flap"}
+#: Switch, uplink and cable faults must be named within this.
+FABRIC_LATENCY_TARGET_S = 60.0
 LONG_STEP_S = 10.0
 LONG_STEP_TARGET_STEPS = 3
 #: The cause an alert implies by its name, when it carries no `cause` label.
