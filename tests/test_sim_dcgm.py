@@ -4,6 +4,8 @@ names the source of each), read from the simulated GPUs. No DCGM runs: the GPUs 
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,6 +14,7 @@ from flopwatch.detect.sampler import FleetSampler
 from flopwatch.sim import dcgm_exposition as dcgm
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import ScenarioError, parse
+from flopwatch.sim.serve import FleetServer
 
 MODEL = {"params": 1e9, "layers": 8, "heads": 8, "head_dim": 64, "seq_len": 1024}
 
@@ -132,3 +135,22 @@ def test_the_benchmark_sampler_serves_dcgm_series_and_the_agent_only_steps():
     assert names["flopwatch_train_steps_total"] == {"flopwatch"}
     assert names["up"] == {"dcgm-exporter", "flopwatch"}
     assert "flopwatch_gpu_sm_clock_hertz" not in names and "flopwatch_gpu_job_info" not in names
+
+
+def test_the_fleet_server_serves_dcgm_exporter_and_the_agent_as_two_targets_per_node():
+    fleet = Fleet(scenario())
+    server = FleetServer(fleet)
+    host, port = server.start()
+    try:
+        server.tick(5.0)
+        paths = {target["labels"]["instance"]: target["labels"]["__metrics_path__"] for target in server.targets()}
+        assert paths == {"node0000": "/node/0/metrics", "node0000:9400": "/node/0/dcgm/metrics"}
+        read = {instance: urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10).read().decode()
+                for instance, path in paths.items()}
+    finally:
+        server.stop()
+    dcgm_names = {family.name for family in text_string_to_metric_families(read["node0000:9400"])}
+    agent_names = {family.name for family in text_string_to_metric_families(read["node0000"])}
+    assert "DCGM_FI_DEV_SM_CLOCK" in dcgm_names
+    assert "flopwatch_train_steps" in agent_names or "flopwatch_train_steps_total" in agent_names
+    assert not [name for name in agent_names if name.startswith("flopwatch_gpu_")]
