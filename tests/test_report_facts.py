@@ -10,6 +10,7 @@ import pytest
 from flopwatch.promql import Sample
 from flopwatch.report import recommend, sections
 from flopwatch.report.compute import compute
+from flopwatch.report.energy import energy as energy_section
 from flopwatch.report.facts import per_group
 from flopwatch.report.fetch import Outcome, Results
 from flopwatch.report.queries import Query
@@ -127,7 +128,7 @@ def test_an_empty_week_has_notes_not_zeros():
     assert sections.usage(facts, SETTINGS, {}).notes == [sections.NO_GPU_DATA]
     assert sections.mfu(facts, SETTINGS, {}).notes[0] == sections.NO_TRAINING
     assert sections.goodput(facts, {}).notes == [sections.NO_TRAINING]
-    energy = sections.energy(facts, ReportSettings(), {})
+    energy = energy_section(facts, ReportSettings(), {})
     assert any("No GPU energy or power" in n for n in energy.notes)
     assert any("No prices configured" in n for n in energy.notes)
 

@@ -16,8 +16,10 @@ from flopwatch.promql import PromClient, PromError
 from flopwatch.report import incidents as inc
 from flopwatch.report import recommend, render, sections, steptime
 from flopwatch.report.compute import compute
+from flopwatch.report.energy import energy as energy_section
 from flopwatch.report.facts import Facts
 from flopwatch.report.fetch import Fetcher, Progress, Results
+from flopwatch.report.hardware import hardware as hardware_section
 from flopwatch.report.model import Report, Section
 from flopwatch.report.pdf import PdfError, write_pdf
 from flopwatch.report.queries import Query, QueryBuilder, probe_queries, quote
@@ -97,8 +99,8 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
         sections.goodput(facts, errors),
         steptime.section(step_times, errors),
         sections.stragglers(stragglers, _method(alerts, grid, settings), errors),
-        sections.hardware(hardware, lemons, errors),
-        sections.energy(facts, settings, errors),
+        hardware_section(hardware, lemons, errors),
+        energy_section(facts, settings, errors),
     ]
     _summary_first(report.sections)
     return report

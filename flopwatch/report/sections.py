@@ -1,19 +1,17 @@
 """Each section of the report from the facts and incidents, with a note wherever data is missing.
 
-Sections: summary (with week-over-week changes), GPU-hours, MFU, goodput, stragglers, hardware,
-energy and cost. Recommendations live in recommend.py.
+Sections: summary (with week-over-week changes), GPU-hours, MFU, goodput and stragglers, and the
+helpers every section uses (names, costs, failed-query notes). Hardware incidents live in
+report/hardware.py, energy and cost in report/energy.py, recommendations in recommend.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from flopwatch import xid as xid_table
-from flopwatch.report.facts import BADPUT_CAUSES, JOULES_PER_KWH, Facts, per_group
+from flopwatch.report.facts import BADPUT_CAUSES, Facts, per_group
 from flopwatch.report.format import change, sentence
-from flopwatch.report.incidents import KIND_NAMES, Incident, Lemon
+from flopwatch.report.incidents import Incident, Lemon
 from flopwatch.report.model import Chart, Column, Figure, Section, Series, Table
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import format_duration, format_time
@@ -26,7 +24,6 @@ NO_ATTRIBUTION = ("No job attribution (flopwatch_gpu_job_info) in this window, s
 NO_TRAINING = ("No training telemetry (flopwatch_train_*) in this window: instrumented MFU and goodput need "
                "jobs that use flopwatch.train; the telemetry-only estimate is shown where GPUs report tensor "
                "activity.")
-HARDWARE_KINDS = {kind: name for kind, name in KIND_NAMES.items() if kind != "straggler"}
 
 
 def cluster_name(name: str) -> str:
@@ -331,200 +328,3 @@ def stragglers(incidents: list[Incident], method: str, errors: dict[str, str]) -
                        Figure("GPU-hours lost", sum(lost) if lost else None, "hours", "whole jobs waiting")]
     section.notes += failed_notes(errors, ("straggler_arrivals", "straggler_alerts"))
     return section
-
-
-# -- hardware ---------------------------------------------------------------------------------------
-def hardware(incidents: list[Incident], lemons: list[Lemon], errors: dict[str, str]) -> Section:
-    section = Section("hardware", "Hardware incidents and lemon nodes",
-                      intro="XIDs by code, lost GPUs, uncorrectable ECC errors, NVLink and InfiniBand error bursts "
-                            "and PCIe downgrades. A lemon node had incidents on separate occasions (more than an "
-                            "hour apart), stragglers included.")
-    by_code = _xids_by_code(incidents)
-    section.tables = [_hardware_by_kind(incidents), by_code, _hardware_incidents(incidents), _lemon_nodes(lemons)]
-    if by_code.rows:
-        section.charts.append(Chart("xids_by_code", "XID events by code", "bar", "int",
-                                    bars=[(f"XID {r['xid']}", float(r["events"])) for r in by_code.rows]))
-    section.figures = [Figure("Hardware incidents", len(incidents), "int"), Figure("Lemon nodes", len(lemons), "int")]
-    section.notes += failed_notes(errors, ("xid", "ecc", "lost", "nvlink_bad", "ib_bad", "ib_down", "pcie_bad",
-                                           "lost_candidates", "nvlink_candidates", "ib_candidates",
-                                           "pcie_candidates", "ecc_candidates"))
-    return section
-
-
-@dataclass
-class XidTally:
-    """One XID code's events and the GPUs and nodes that raised it."""
-
-    events: float = 0.0
-    gpus: set[tuple[str, str]] = field(default_factory=set)
-    nodes: set[str] = field(default_factory=set)
-
-
-def _known_xid(code: str) -> xid_table.Xid | None:
-    return xid_table.TABLE.get(int(code)) if code.isdigit() else None
-
-
-def _xids_by_code(incidents: list[Incident]) -> Table:
-    tallies: dict[str, XidTally] = {}
-    for i in incidents:
-        if i.kind == "xid":
-            tally = tallies.setdefault(i.code, XidTally())
-            tally.events += i.count
-            tally.gpus.add((i.node, i.gpu))
-            tally.nodes.add(i.node)
-    table = Table("xids_by_code", "XIDs by code", [
-        Column("xid", "XID"), Column("meaning", "Meaning"), Column("severity", "Severity"),
-        Column("events", "Events", "int"), Column("gpus", "GPUs", "int"), Column("nodes", "Nodes", "int"),
-        Column("action", "What to do"),
-    ], empty="no XID in this window")
-    for code in sorted(tallies, key=lambda c: int(c) if c.isdigit() else 10**6):
-        known, tally = _known_xid(code), tallies[code]
-        table.rows.append({
-            "xid": code, "meaning": known.meaning if known else "not in FlopWatch's table",
-            "severity": known.severity if known else "", "events": tally.events,
-            "gpus": len(tally.gpus), "nodes": len(tally.nodes),
-            "action": known.action if known else xid_table.UNKNOWN_ACTION,
-        })
-    return table
-
-
-def _hardware_by_kind(incidents: list[Incident]) -> Table:
-    table = Table("hardware_by_kind", "Incidents by kind", [
-        Column("kind", "Kind"), Column("incidents", "Incidents", "int"), Column("gpus", "GPUs or ports", "int"),
-        Column("nodes", "Nodes", "int"),
-    ])
-    for kind, title in HARDWARE_KINDS.items():
-        items = [i for i in incidents if i.kind == kind]
-        table.rows.append({"kind": title, "incidents": len(items),
-                           "gpus": len({(i.node, i.gpu, i.device) for i in items}),
-                           "nodes": len({i.node for i in items})})
-    return table
-
-
-def _incident_detail(incident: Incident) -> str:
-    if incident.kind == "xid":
-        known = _known_xid(incident.code)
-        return f"XID {incident.code} ×{int(incident.count)}" + (f": {known.meaning}" if known else "")
-    if incident.kind == "ecc":
-        return f"{int(incident.count)} uncorrectable error(s)"
-    return incident.detail
-
-
-def _hardware_incidents(incidents: list[Incident]) -> Table:
-    table = Table("hardware_incidents", "Incidents", [
-        Column("start", "When", "time"), Column("duration", "How long", "duration"), Column("cluster", "Cluster"),
-        Column("kind", "Kind"), Column("node", "Node"), Column("gpu", "GPU / port"), Column("job_id", "Job"),
-        Column("detail", "Detail"),
-    ], empty="no hardware incident in this window")
-    for i in incidents:
-        table.rows.append({"start": i.start, "duration": i.seconds, "cluster": cluster_name(i.cluster),
-                           "kind": HARDWARE_KINDS.get(i.kind, i.kind), "node": i.node, "gpu": i.gpu or i.device,
-                           "job_id": i.job_id, "detail": _incident_detail(i)})
-    return table
-
-
-def _lemon_nodes(lemons: list[Lemon]) -> Table:
-    table = Table("lemon_nodes", "Lemon nodes", [
-        Column("cluster", "Cluster"), Column("node", "Node"), Column("occasions", "Occasions", "int"),
-        Column("incidents", "Incidents"), Column("gpus", "GPUs"), Column("first", "First", "time"),
-        Column("last", "Last", "time"),
-    ], empty="no node had incidents on separate occasions")
-    for lemon in lemons:
-        table.rows.append({
-            "cluster": cluster_name(lemon.cluster), "node": lemon.node, "occasions": lemon.occasions,
-            "incidents": ", ".join(f"{HARDWARE_KINDS.get(k, k)} ×{n}" for k, n in sorted(lemon.kinds.items())),
-            "gpus": ", ".join(lemon.gpus), "first": lemon.first, "last": lemon.last,
-        })
-    return table
-
-
-# -- energy -----------------------------------------------------------------------------------------
-def energy(facts: Facts, settings: ReportSettings, errors: dict[str, str]) -> Section:
-    section = Section("energy", "Energy and cost",
-                      intro="GPU energy from the driver's energy counters (board power of the GPUs, not the whole "
-                            "node). Cost = GPU-hours × price per GPU-hour + kWh × price per kWh.")
-    kwh = facts.total("energy_kwh")
-    section.figures = _energy_figures(facts, settings)
-    section.tables = [_energy_by_cluster(facts, settings), _energy_by_job(facts, settings)]
-    power = _power_chart(facts)
-    if power.series:
-        section.charts.append(power)
-    section.notes += [f"{sentence(cluster_name(cf.cluster))} reports no energy counter "
-                      "(flopwatch_gpu_energy_joules_total, Volta and newer): its energy is estimated from "
-                      "average power × window." for cf in facts.clusters.values() if cf.energy_estimated]
-    if kwh is None:
-        section.notes.append("No GPU energy or power in this window (flopwatch_gpu_energy_joules_total, "
-                             "flopwatch_gpu_power_watts): no energy figures.")
-    if settings.price_kwh is None and settings.price_gpu_hour is None:
-        section.notes.append("No prices configured: pass --price-kwh and --price-gpu-hour (or set them in --config) "
-                             "for costs.")
-    section.notes += failed_notes(errors, ("energy_total", "job_energy", "idle_energy"))
-    return section
-
-
-def _kwh(joules: float | None) -> float | None:
-    return joules / JOULES_PER_KWH if joules is not None else None
-
-
-def _energy_figures(facts: Facts, settings: ReportSettings) -> list[Figure]:
-    hours = facts.window.hours
-    kwh = facts.total("energy_kwh")
-    tokens = facts.total("tokens")
-    idle_hours = sum(cf.unallocated_hours + cf.allocated_idle_hours for cf in facts.clusters.values())
-    idle_joules = [cf.idle_energy_j for cf in facts.clusters.values() if cf.idle_energy_j is not None]
-    idle_kwh = _kwh(sum(idle_joules)) if idle_joules else None
-    return [
-        Figure("Energy (kWh)", kwh, "kwh"),
-        Figure("Average GPU power (kW)", kwh / hours if kwh is not None else None, "float"),
-        Figure("Tokens per kWh", tokens / kwh if tokens and kwh else None, "si"),
-        Figure("Energy cost", energy_cost(kwh, settings), "money",
-               "" if settings.price_kwh is not None else "set --price-kwh"),
-        Figure("GPU cost", gpu_cost(facts.total("gpu_hours"), settings), "money",
-               "" if settings.price_gpu_hour is not None else "set --price-gpu-hour"),
-        Figure("Idle GPU cost", total_cost(idle_hours, idle_kwh, settings), "money",
-               f"{idle_hours:,.0f} idle GPU-hours"),
-    ]
-
-
-def _energy_by_cluster(facts: Facts, settings: ReportSettings) -> Table:
-    hours = facts.window.hours
-    table = Table("energy_by_cluster", "Per cluster", [
-        Column("cluster", "Cluster"), Column("kwh", "kWh", "kwh"), Column("avg_kw", "Average kW", "float"),
-        Column("idle_kwh", "kWh of unallocated GPUs", "kwh"), Column("tokens_per_kwh", "Tokens per kWh", "si"),
-        Column("energy_cost", "Energy cost", "money"), Column("gpu_cost", "GPU cost", "money"),
-        Column("idle_cost", "Idle GPU cost", "money"),
-    ])
-    for cf in facts.clusters.values():
-        kwh, idle_kwh = cf.energy_kwh, _kwh(cf.idle_energy_j)
-        table.rows.append({
-            "cluster": cluster_name(cf.cluster), "kwh": kwh, "avg_kw": kwh / hours if kwh is not None else None,
-            "idle_kwh": idle_kwh, "tokens_per_kwh": cf.tokens / kwh if cf.tokens and kwh else None,
-            "energy_cost": energy_cost(kwh, settings), "gpu_cost": gpu_cost(cf.gpu_hours, settings),
-            "idle_cost": total_cost(cf.unallocated_hours + cf.allocated_idle_hours, idle_kwh, settings),
-        })
-    return table
-
-
-def _energy_by_job(facts: Facts, settings: ReportSettings) -> Table:
-    table = Table("energy_by_job", "Per job", [
-        Column("cluster", "Cluster"), Column("job_id", "Job"), Column("kwh", "kWh", "kwh"),
-        Column("tokens", "Tokens", "si"), Column("tokens_per_kwh", "Tokens per kWh", "si"),
-        Column("energy_cost", "Energy cost", "money"), Column("gpu_cost", "GPU cost", "money"),
-        Column("cost", "Total", "money"),
-    ], empty="no job held a GPU in this window")
-    for job in facts.ranked_jobs():
-        table.rows.append({
-            "cluster": cluster_name(job.cluster), "job_id": job.job_id, "kwh": job.energy_kwh, "tokens": job.tokens,
-            "tokens_per_kwh": job.tokens_per_kwh, "energy_cost": energy_cost(job.energy_kwh, settings),
-            "gpu_cost": gpu_cost(job.gpu_hours, settings),
-            "cost": total_cost(job.gpu_hours, job.energy_kwh, settings),
-        })
-    return table
-
-
-def _power_chart(facts: Facts) -> Chart:
-    grid = facts.grid
-    return Chart("power", "GPU power over time (kW)", "line", "float", [
-        Series(f"{cluster_name(cf.cluster)} kW", grid.times.tolist(), (cf.energy_series / grid.step / 1000).tolist())
-        for cf in facts.clusters.values() if cf.energy_series is not None
-    ])
