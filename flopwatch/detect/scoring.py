@@ -48,7 +48,18 @@ import numpy as np
 
 from flopwatch.detect import interruptions
 from flopwatch.detect.alerts import Episode
-from flopwatch.detect.pages import Alert, AlertmanagerConfig, incidents
+from flopwatch.detect.fabric_scoring import (
+    FABRIC_KINDS,
+    FABRIC_LATENCY_TARGET_S,
+    count_pages,
+    fabric_target,
+    fabric_targets,
+    job_hit,
+    page_figures,
+    port_match,
+    switch_match,
+)
+from flopwatch.detect.pages import AlertmanagerConfig
 from flopwatch.sim.scenario import Scenario
 
 GRACE_S = 600.0
@@ -66,11 +77,6 @@ JOB_FIGURES = (("job_id:flopwatch_goodput:ratio", {}, "goodput"),
                ("job_id:flopwatch_step_time_lost:ratio", {}, "lost_share"),
                ("job_id:flopwatch_ettr:ratio", {}, "ettr"))
 LATENCY_TARGET_S = 30.0
-#: Faults of a switch or an uplink (named by a `switch` label), and of one cable.
-SWITCH_KINDS = {"switch_degrade", "uplink_slow"}
-FABRIC_KINDS = SWITCH_KINDS | {"cable_flap"}
-#: Switch, uplink and cable faults must be named within this.
-FABRIC_LATENCY_TARGET_S = 60.0
 LONG_STEP_S = 10.0
 LONG_STEP_TARGET_STEPS = 3
 #: The cause an alert implies by its name, when it carries no `cause` label.
@@ -226,31 +232,6 @@ def _in_window(fault: dict[str, Any], t: float) -> bool:
     return fault["start"] <= t <= fault["end"] + GRACE_S
 
 
-def _switch_match(fault: dict[str, Any], labels: dict[str, str]) -> tuple[bool, bool]:
-    """(consistent, names) of an episode located at a switch, for a switch or uplink fault: the
-    switch must be the fault's, and an `uplink` label the fault's uplink. Without one it names an
-    uplink fault by its leaf: where a leaf has several uplinks, host-side counters cannot tell
-    which one is slow (the alert lists them instead)."""
-    if fault["kind"] not in SWITCH_KINDS or fault.get("switch") != labels["switch"]:
-        return False, False
-    if "uplink" in labels and labels["uplink"] != (fault.get("uplink") or ""):
-        return False, False
-    return True, True
-
-
-def _port_match(fault: dict[str, Any], labels: dict[str, str]) -> tuple[bool, bool]:
-    """A node or port episode under a faulted switch: a symptom, consistent when on its ports."""
-    ports = fault.get("ports") or []
-    node = labels["node"]
-    if "device" in labels:
-        return [node, labels["device"]] in ports, False
-    return any(p[0] == node for p in ports), False
-
-
-def _job_hit(fault: dict[str, Any], job: str | None) -> bool:
-    return job is None or fault["job_id"] == job or job in (fault.get("jobs") or ())
-
-
 def classify(episode: Episode, faults: list[dict[str, Any]], start_unix: float) -> EpisodeScore:
     t = episode.fired_at - start_unix
     resolved = episode.resolved_at - start_unix if episode.resolved_at is not None else None
@@ -259,14 +240,14 @@ def classify(episode: Episode, faults: list[dict[str, Any]], start_unix: float) 
     if node is None and "switch" in labels:
         best = None
         for fault in faults:
-            consistent, names = _switch_match(fault, labels) if _in_window(fault, t) else (False, False)
+            consistent, names = switch_match(fault, labels) if _in_window(fault, t) else (False, False)
             if consistent and (best is None or (names and not best[0])):
                 best = (names, fault)
         return EpisodeScore(episode.alertname, labels, t, resolved, True, best is not None,
                             best[1]["index"] if best else None, bool(best and best[0]))
     if node is None:
         job = labels.get("job_id")
-        hit = next((f for f in faults if _in_window(f, t) and _job_hit(f, job)), None)
+        hit = next((f for f in faults if _in_window(f, t) and job_hit(f, job)), None)
         return EpisodeScore(episode.alertname, labels, t, resolved, False, hit is not None,
                             hit["index"] if hit else None, False)
     best: tuple[bool, dict[str, Any]] | None = None
@@ -274,7 +255,7 @@ def classify(episode: Episode, faults: list[dict[str, Any]], start_unix: float) 
         if not _in_window(fault, t):
             continue
         if fault["node"] is None:
-            consistent, names = _port_match(fault, labels)
+            consistent, names = port_match(fault, labels)
         elif fault["node"] != node:
             continue
         else:
@@ -293,9 +274,7 @@ def _fault_score(fault: dict[str, Any], truth: dict[str, Any]) -> FaultScore:
     target = f"gpu {fault['gpu']}" if fault["gpu"] is not None else (
         f"nic {fault['device']}" if fault["nic"] is not None else "node")
     if fault["kind"] in FABRIC_KINDS:
-        target = (f"link {fault['device']} -> {fault['switch']}" if fault["kind"] == "cable_flap" else
-                  f"uplink {fault['switch']} -> {fault['uplink']}" if fault.get("uplink") else
-                  f"switch {fault['switch']}")
+        target = fabric_target(fault)
     score = FaultScore(fault["index"], fault["kind"], fault["cause"], fault["node"], target, fault["job_id"],
                        job["ranks"] if job else 0, fault["slowdown"], fault["start"], fault["end"], step)
     if fault["kind"] in FABRIC_KINDS:
@@ -446,27 +425,8 @@ def score_scenario(scenario: Scenario, truth: dict[str, Any], episodes: list[Epi
         fabric=scenario.fabric is not None,
     )
     if alertmanager is not None:
-        count_pages(score, alertmanager)
+        count_pages(score, alertmanager, until=score.duration + GRACE_S)
     return score
-
-
-def count_pages(score: ScenarioScore, config: AlertmanagerConfig) -> None:
-    """Pages per fault and false pages: the episodes through Alertmanager's routing, grouping and
-    inhibitions (pages.py), each incident charged to the faults of the episodes it carried."""
-    alerts = [Alert(e.labels, e.fired_at, e.resolved_at, i) for i, e in enumerate(score.episodes)]
-    found = incidents(alerts, config, until=score.duration + GRACE_S)
-    per_fault = dict.fromkeys((f.index for f in score.faults), 0)
-    false = 0
-    for incident in found:
-        charged = {score.episodes[i].fault for i in incident.alerts if score.episodes[i].true}
-        charged.discard(None)
-        false += not charged
-        for index in charged:
-            per_fault[index] = per_fault.get(index, 0) + 1
-    for fault in score.faults:
-        fault.pages = per_fault.get(fault.index, 0)
-    score.max_pages_per_fault = max((f.pages or 0 for f in score.faults), default=0)
-    score.false_pages = false
 
 
 # -- the suite ---------------------------------------------------------------------------------
@@ -548,10 +508,10 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
         Target("no straggler page in scenarios whose only problem is imbalance", str(imbalance_pages),
                imbalance_pages == 0 if any(s.imbalance_only for s in scores) else None),
         *_job_targets(worst, worst_trace),
-        *_fabric_targets(scores),
+        *(Target(*row) for row in fabric_targets(scores)),
     ]
     return {
-        **_page_figures(scores),
+        **page_figures(scores),
         "stage_tickets_right": _ratio(sum(bool(j.stage_right) for j in staged), len(staged)),
         "imbalance_only_pages": imbalance_pages,
         "job_error_pp_max": worst, "trace_job_error_pp_max": worst_trace,
@@ -568,35 +528,6 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
         "mfu_error_pp_mean": float(np.mean([m.error_pp for m in mfu])) if mfu else None,
         "by_kind": kinds, "targets": [asdict(t) for t in targets],
     }
-
-
-def _page_figures(scores: list[ScenarioScore]) -> dict[str, Any]:
-    """Pages per fault over the run (None where no Alertmanager config was given)."""
-    counted = [f.pages for s in scores for f in s.faults if f.pages is not None]
-    false = [s.false_pages for s in scores if s.false_pages is not None]
-    return {"max_pages_per_fault": max(counted) if counted else None, "pages": sum(counted) if counted else None,
-            "false_pages": sum(false) if false else None}
-
-
-def _fabric_targets(scores: list[ScenarioScore]) -> list[Target]:
-    """Switch, uplink and cable faults named in time, one page per switch fault, and no switch
-    alert outside a switch fault on fabric scenarios."""
-    fabric = [f for s in scores for f in s.faults if f.kind in FABRIC_KINDS]
-    switch_pages = [f.pages for f in fabric if f.kind in SWITCH_KINDS and f.pages is not None]
-    fabric_scores = [s for s in scores if s.fabric]
-    healthy = sum(s.healthy_gpu_hours for s in fabric_scores)
-    false_switch = sum(1 for s in fabric_scores for e in s.episodes
-                       if not e.true and "switch" in e.labels and "node" not in e.labels)
-    return [
-        Target(f"switch, uplink and cable faults named by the right switch or link within "
-               f"{FABRIC_LATENCY_TARGET_S:.0f} s", f"{sum(bool(f.within_target) for f in fabric)}/{len(fabric)}",
-               all(f.within_target for f in fabric) if fabric else None),
-        Target("at most one page per switch or uplink fault (after the shipped inhibitions)",
-               f"{max(switch_pages)} worst" if switch_pages else "not counted",
-               max(switch_pages) <= 1 if switch_pages else None),
-        Target(f"zero false switch alerts over >= 10,000 healthy GPU-hours of fabric scenarios ({healthy:,.0f} run)",
-               str(false_switch), false_switch == 0 and healthy >= 10_000 if fabric_scores else None),
-    ]
 
 
 def _worst_errors(jobs: list[JobScore]) -> dict[str, float | None]:
