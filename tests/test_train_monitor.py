@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 
 from flopwatch.train import DecoderShape, StepMonitor, account, monitor, wire
-from flopwatch.train.monitor import resolve_gpu
+from flopwatch.train.identity import resolve_gpu
 
 ENV = {"FLOPWATCH_JOB_ID": "job-1", "RANK": "2", "LOCAL_RANK": "1"}
 

@@ -37,10 +37,18 @@ import time
 import weakref
 from bisect import bisect_left
 from collections.abc import Mapping
-from typing import Any
 
 from flopwatch.train import wire
 from flopwatch.train.flops import FlopsAccount
+from flopwatch.train.identity import (
+    LOCAL_RANK_ENV,
+    RANK_ENV,
+    clean_job_id,
+    coordinates,
+    env_int,
+    job_from_env,
+    resolve_gpu,
+)
 
 log = logging.getLogger("flopwatch.train")
 
@@ -48,12 +56,6 @@ RECONNECT_INTERVAL_S = 1.0
 #: Steps closer together than this share a datagram. The agent renders at most once a second and
 #: every datagram carries running totals, so sending more often would buy nothing but cost.
 DEFAULT_MIN_INTERVAL_S = 1.0
-JOB_ENV = ("FLOPWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
-RANK_ENV = ("RANK", "SLURM_PROCID")
-LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID")
-GPU_ENV = "FLOPWATCH_GPU"
-PP_STAGE_ENV, DP_RANK_ENV, TP_RANK_ENV = ("FLOPWATCH_PP_STAGE",), ("FLOPWATCH_DP_RANK",), ("FLOPWATCH_TP_RANK",)
-PP_SIZE_ENV, DP_SIZE_ENV, TP_SIZE_ENV = ("FLOPWATCH_PP_SIZE",), ("FLOPWATCH_DP_SIZE",), ("FLOPWATCH_TP_SIZE",)
 
 _OTHER = wire.PHASE_INDEX["other"]
 _COMM = wire.PHASE_INDEX["comm"]
@@ -155,6 +157,36 @@ class StepMonitor:
         tp_size: int | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
+        analytic, measured = self._set_rates(flops_per_step, tokens_per_step, hardware_flops_per_step)
+        self.job_id = clean_job_id(job_id if job_id is not None else job_from_env(env))
+        self.rank = env_int(rank, RANK_ENV, env, 0, 0, wire.MAX_RANK, "rank")
+        self.local_rank = env_int(local_rank, LOCAL_RANK_ENV, env, -1, -1, 32767, "local rank")
+        self.gpu = (resolve_gpu(None, self.local_rank, env) if gpu is None
+                    else env_int(gpu, (), env, -1, -1, 32767, "GPU index"))
+        self.instance = random.getrandbits(32)
+        self.coordinates = coordinates(env, pp_stage=pp_stage, pp_size=pp_size, dp_rank=dp_rank,
+                                       dp_size=dp_size, tp_rank=tp_rank, tp_size=tp_size)
+        self.socket_paths = [socket_path] if socket_path else wire.socket_candidates(env)
+        if not 0 <= min_interval <= 60:
+            raise ValueError(f"StepMonitor: min_interval = {min_interval!r}; expected 0 to 60 seconds")
+        self.min_interval = float(min_interval)
+        self._zero_totals()
+        self._prepare_datagram(analytic, measured)
+        self._sock: socket.socket | None = None
+        self._next_connect = 0.0
+        self._next_send = 0.0
+        self._warned: set[str] = set()
+        self._enabled = True
+        self._step_cm = _Step(self)
+        self._phases = {name: _Phase(self, i) for i, name in enumerate(wire.PHASES) if name != "other"}
+        self._untimed = _Untimed()
+        _MONITORS.add(self)
+        self._connect(time.perf_counter())
+
+    def _set_rates(self, flops_per_step: float | FlopsAccount, tokens_per_step: float,
+                   hardware_flops_per_step: float | None) -> tuple[float, float]:
+        """FLOPs and tokens per step, from numbers or a FlopsAccount; returns the account's
+        (analytic, measured) FLOPs per step, 0 where not given."""
         analytic = measured = 0.0
         if isinstance(flops_per_step, FlopsAccount):
             account = flops_per_step
@@ -174,18 +206,13 @@ class StepMonitor:
         self.flops_per_step = float(flops_per_step)
         self.tokens_per_step = float(tokens_per_step)
         self.hardware_flops_per_step = float(hardware_flops_per_step)
-        self.job_id = _clean_job_id(job_id if job_id is not None else _job_from_env(env))
-        self.rank = _env_int(rank, RANK_ENV, env, 0, 0, wire.MAX_RANK, "rank")
-        self.local_rank = _env_int(local_rank, LOCAL_RANK_ENV, env, -1, -1, 32767, "local rank")
-        self.gpu = (resolve_gpu(None, self.local_rank, env) if gpu is None
-                    else _env_int(gpu, (), env, -1, -1, 32767, "GPU index"))
-        self.instance = random.getrandbits(32)
-        self.coordinates = _coordinates(env, pp_stage=pp_stage, pp_size=pp_size, dp_rank=dp_rank,
-                                        dp_size=dp_size, tp_rank=tp_rank, tp_size=tp_size)
-        self.socket_paths = [socket_path] if socket_path else wire.socket_candidates(env)
-        if not 0 <= min_interval <= 60:
-            raise ValueError(f"StepMonitor: min_interval = {min_interval!r}; expected 0 to 60 seconds")
-        self.min_interval = float(min_interval)
+        self._flops_per_token = self.flops_per_step / self.tokens_per_step if self.tokens_per_step else 0.0
+        self._hw_per_token = (self.hardware_flops_per_step / self.tokens_per_step
+                              if self.tokens_per_step else 0.0)
+        return analytic, measured
+
+    def _zero_totals(self) -> None:
+        """The running totals every datagram carries, and the per-step state."""
         self.dropped = 0          # datagrams not handed to the agent
         self.sent = 0
         self.steps = 0
@@ -197,36 +224,24 @@ class StepMonitor:
         self.buckets = [0] * wire.N_BUCKETS    # steps per step-time bucket
         self._phase_totals = [0.0] * len(wire.PHASES)
         self._step_timed = 0.0
-        self._analytic, self._measured = analytic, measured
-        self._flops_per_token = self.flops_per_step / self.tokens_per_step if self.tokens_per_step else 0.0
-        self._hw_per_token = (self.hardware_flops_per_step / self.tokens_per_step
-                              if self.tokens_per_step else 0.0)
         self._step_tokens: float | None = None
         self._step_iteration: int | None = None
         self.iteration: int | None = None      # the training iteration of the last step, once given
-        job = self.job_id.encode("ascii")
-        # Who we are rarely changes: pack it once; each send packs only the running totals.
-        self._totals = struct.Struct(wire.TOTALS.format + "d" * len(wire.PHASES))
-        self._buffer = bytearray(wire.HEAD.size + self._totals.size) + wire.GAUGES.pack(analytic, measured) \
-            + bytes(wire.COORDS.size) + job
-        self._coords_at = wire.HEAD.size + self._totals.size + wire.GAUGES.size
-        self._iteration_at = self._coords_at + wire.COORDS.size - wire.ITERATION.size
         self._comm_seen = 0.0          # comm phase total at the end of the last step
         self._block_min = math.inf     # shortest comm phase of a step in the current block
         self._block_steps = 0
         self.comm_min: float | None = None   # of the last completed block
+
+    def _prepare_datagram(self, analytic: float, measured: float) -> None:
+        """Who we are rarely changes: pack it once; each send packs only the running totals."""
+        self._analytic, self._measured = analytic, measured
+        self._totals = struct.Struct(wire.TOTALS.format + "d" * len(wire.PHASES))
+        self._buffer = bytearray(wire.HEAD.size + self._totals.size) + wire.GAUGES.pack(analytic, measured) \
+            + bytes(wire.COORDS.size) + self.job_id.encode("ascii")
+        self._coords_at = wire.HEAD.size + self._totals.size + wire.GAUGES.size
+        self._iteration_at = self._coords_at + wire.COORDS.size - wire.ITERATION.size
         self._pack_head()
         self._pack_coordinates()
-        self._sock: socket.socket | None = None
-        self._next_connect = 0.0
-        self._next_send = 0.0
-        self._warned: set[str] = set()
-        self._enabled = True
-        self._step_cm = _Step(self)
-        self._phases = {name: _Phase(self, i) for i, name in enumerate(wire.PHASES) if name != "other"}
-        self._untimed = _Untimed()
-        _MONITORS.add(self)
-        self._connect(time.perf_counter())
 
     # -- the training loop's API ---------------------------------------------------------------
     def step(self, tokens: float | None = None, iteration: int | None = None) -> _Step:
@@ -296,7 +311,7 @@ class StepMonitor:
                  "dp_rank": dp_rank, "dp_size": dp_size}
         merged = {name: value if value is not None else current
                   for (name, value), current in zip(given.items(), self.coordinates, strict=True)}
-        self.coordinates = _coordinates({}, **merged)
+        self.coordinates = coordinates({}, **merged)
         self._pack_coordinates()
 
     def set_gpu(self, gpu: int) -> None:
@@ -470,84 +485,3 @@ def _flush_all() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_flush_all)
-
-
-def _coordinates(env: Mapping[str, str], **given: int | None) -> tuple[int, int, int, int, int, int]:
-    """(pp_stage, pp_size, tp_rank, tp_size, dp_rank, dp_size) from arguments, else the environment;
-    -1 / 0 where unknown. A rank at or beyond its size is refused (ValueError)."""
-    def one(name: str, env_names: tuple[str, ...], default: int, low: int, high: int) -> int:
-        return _env_int(given[name], env_names, env, default, low, high, name.replace("_", " "))
-
-    stage = one("pp_stage", PP_STAGE_ENV, -1, -1, wire.MAX_STAGES - 1)
-    stages = one("pp_size", PP_SIZE_ENV, 0, 0, wire.MAX_STAGES)
-    tp_rank = one("tp_rank", TP_RANK_ENV, -1, -1, 32767)
-    tp_size = one("tp_size", TP_SIZE_ENV, 0, 0, 32767)
-    dp_rank = one("dp_rank", DP_RANK_ENV, -1, -1, wire.MAX_PARALLEL - 1)
-    dp_size = one("dp_size", DP_SIZE_ENV, 0, 0, wire.MAX_PARALLEL)
-    for what, index, count in (("pp_stage", stage, stages), ("tp_rank", tp_rank, tp_size),
-                               ("dp_rank", dp_rank, dp_size)):
-        if count and index >= count:
-            raise ValueError(f"StepMonitor: {what} = {index} but the size is {count}; expected 0..{count - 1}")
-    return stage, stages, tp_rank, tp_size, dp_rank, dp_size
-
-
-def _job_from_env(env: Mapping[str, str]) -> str:
-    for name in JOB_ENV:
-        if env.get(name, "").strip():
-            return env[name].strip()
-    if env.get("MASTER_PORT", "").strip():   # ranks of one local torch.distributed run share it
-        return f"local-{env['MASTER_PORT'].strip()}"
-    return f"local-{os.getpid()}"
-
-
-def _clean_job_id(job_id: Any) -> str:
-    text = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in str(job_id))
-    if text != str(job_id) or len(text) > wire.MAX_JOB_ID:
-        log.warning("flopwatch: job_id %r sent as %r (printable ASCII, at most %d characters)",
-                    job_id, text[:wire.MAX_JOB_ID], wire.MAX_JOB_ID)
-    return text[:wire.MAX_JOB_ID] or "unknown"
-
-
-def _env_int(value: int | None, names: tuple[str, ...], env: Mapping[str, str], default: int,
-             low: int, high: int, what: str) -> int:
-    if value is not None:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"StepMonitor: {what} = {value!r}; expected an integer {low}..{high}")
-        return value
-    for name in names:
-        text = env.get(name, "").strip()
-        if not text:
-            continue
-        try:
-            number = int(text)
-        except ValueError:
-            number = low - 1
-        if low <= number <= high:
-            return number
-        log.warning("flopwatch: %s=%r is not a %s (%d..%d); using %d", name, text, what, low, high, default)
-        return default
-    return default
-
-
-def resolve_gpu(device_index: int | None, local_rank: int, env: Mapping[str, str]) -> int:
-    """This process's GPU index as the node (and NVML) numbers it, or -1 when it cannot be known.
-
-    `device_index` is the CUDA device the process uses (None: assume cuda:local_rank, as torchrun
-    does); CUDA_VISIBLE_DEVICES renumbers devices, so map through it when it lists indices.
-    """
-    if env.get(GPU_ENV, "").strip().isdigit():
-        return min(int(env[GPU_ENV]), 32767)
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    entries = [item.strip() for item in visible.split(",")] if visible is not None else None
-    if device_index is None:
-        if entries is not None and len(entries) == 1:
-            device_index = 0        # one GPU bound per task (Slurm): whatever the local rank
-        elif local_rank >= 0:
-            device_index = local_rank
-        else:
-            return -1
-    if entries is None:
-        return min(device_index, 32767)
-    if device_index < len(entries) and entries[device_index].isdigit():
-        return min(int(entries[device_index]), 32767)
-    return -1

@@ -55,7 +55,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flopwatch.train.monitor import StepMonitor, resolve_gpu
+from flopwatch.train.identity import resolve_gpu
+from flopwatch.train.monitor import StepMonitor
 
 log = logging.getLogger("flopwatch.train")
 
