@@ -4,9 +4,8 @@ alerts back on `equal: [switch]` (the cases themselves run in tests/test_rules.p
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
+import runpy
 from pathlib import Path
 
 import yaml
@@ -21,15 +20,8 @@ def _rules(name: str) -> dict[str, dict]:
 
 
 def test_promtool_cases_are_committed_as_generated() -> None:
-    spec = importlib.util.spec_from_file_location("fabric_cases", ALERTS / "tests" / "fabric_cases.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    assert module.OUT.read_text() == module.render(), "run python alerts/tests/fabric_cases.py"
+    cases = runpy.run_path(str(ALERTS / "tests" / "fabric_cases.py"), run_name="fabric_cases")
+    assert cases["OUT"].read_text() == cases["render"](), "run python alerts/tests/fabric_cases.py"
 
 
 def test_port_alerts_take_the_switch_where_known_and_fire_without_it() -> None:
