@@ -369,3 +369,12 @@ def test_pages_per_fault_follow_the_inhibitions_and_a_storm_shows_as_a_number():
     assert (row["measured"], row["met"]) == ("5 worst", False)
     assert summary["by_kind"]["switch_degrade"]["max_pages"] == 5
     assert score_scenario(scenario(), truth(faults), ports, START).faults[0].pages is None   # no config: not counted
+
+
+def test_pages_are_counted_through_the_alertmanager_config_beside_the_rules_or_the_one_given(tmp_path):
+    assert detect.alertmanager_config(None, tmp_path) is None             # no config beside: not counted
+    shipped = SUITE.parents[2] / "alerts"
+    assert detect.alertmanager_config(None, shipped).pager_receivers() == {"page"}
+    (tmp_path / "am.yml").write_text("route: {receiver: pager, group_wait: soon}\n")
+    with pytest.raises(detect.SuiteError, match=r"am\.yml: route\.group_wait: expected a duration"):
+        detect.alertmanager_config(tmp_path / "am.yml", shipped)
