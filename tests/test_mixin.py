@@ -151,3 +151,16 @@ def test_rules_build_check_passes_on_the_repository_and_fails_on_a_bad_config(
     assert err == f"flopwatch rules: {bad}:2: gpu.lost_for: expected a Prometheus duration like 30s, 5m, " \
                   "1m30s or 6h, got 'soon'"
     assert not (tmp_path / "alerts").exists()
+
+
+
+def _flat(settings: dict, prefix: str = "") -> list[tuple[str, object]]:
+    return [pair for name, value in settings.items()
+            for pair in (_flat(value, f"{prefix}{name}.") if isinstance(value, dict) else [(f"{prefix}{name}", value)])]
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    for key, value in _flat(as_dict(MixinConfig())):
+        shown = '`""`' if value == "" else f"`{render.number(value) if isinstance(value, float) else value}`"
+        assert f"| `{key}` | {shown}" in text, f"docs/configuration.md: no row for {key} with its default {shown}"
