@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from flopwatch.commands.demo import Gap, ScrapedFleet, report_span, widest_gap
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import parse
+from flopwatch.sim.ticker import Gap, ScrapedFleet, report_span, widest_gap
 
 SCENARIO = {"name": "ticks", "seed": 1, "duration": "1h", "scrape_interval": "5s",
             "fleet": {"nodes": 2, "gpus_per_node": 1, "gpu_model": "H100-SXM", "nics_per_node": 1},
