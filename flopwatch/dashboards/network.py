@@ -26,6 +26,13 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
     board = c.Board(UID, TITLE, "NIC and NVLink throughput per rail, error rates against their alert "
                     "thresholds, link state changes.", [c.node_variable()], docs_url=docs_url)
 
+    _throughput(board)
+    _errors(board)
+    _link_state(board)
+    return board.build()
+
+
+def _throughput(board: c.Board) -> None:
     board.row("Throughput per rail")
     board.add(
         c.timeseries_panel(
@@ -58,6 +65,8 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
         .with_target(c.query(f"bottomk(10, flopwatch_nic_port_rate_bytes_per_second{{{NODE}}})", PORT)),
     )
 
+
+def _errors(board: c.Board) -> None:
     board.row("Errors against alert thresholds")
     board.add(
         c.timeseries_panel(
@@ -100,6 +109,8 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             "{{node}} GPU {{gpu}}")),
     )
 
+
+def _link_state(board: c.Board) -> None:
     board.row("Link state")
     board.add(
         c.state_timeline_panel(
@@ -115,4 +126,3 @@ def build(docs_url: str = c.DOCS_URL) -> dm.Dashboard:
             f"topk(10, {_changes('flopwatch_nic_port_state')} + {_changes('flopwatch_nic_port_physical_state')})",
             PORT)),
     )
-    return board.build()
