@@ -1,12 +1,13 @@
-"""Writes alerts/tests/fabric.yml: promtool cases for the switch and uplink rules.
+"""Writes the template of alerts/tests/fabric.yml: promtool cases for the switch and uplink rules.
 
-Run `python alerts/tests/fabric_cases.py` after changing a case; tests/test_fabric_rules.py fails
-when the committed file differs from what this writes. A fleet of 24 nodes, one NIC each, under
-three leaves of 8 (leaf1: n01-n08, leaf2: n09-n16, leaf3: n17-n24) and one spine (or two, for the
-ECMP case); the per-port alerts of flopwatch-network.yml run beside them. Every port carries the
-simulator's healthy background (a symbol error every ~17 minutes, busy ports waiting 1% of the
-time) unless a case says otherwise, and faults start at 20m. The expected texts are what the
-rules render; each case says in its name what it proves.
+Run `python alerts/tests/fabric_cases.py`, then `flopwatch rules build --out alerts`, after changing
+a case; tests/test_fabric_rules.py fails when the committed template differs from what this writes.
+A fleet of 24 nodes, one NIC each, under three leaves of 8 (leaf1: n01-n08, leaf2: n09-n16, leaf3:
+n17-n24) and one spine (or two, for the ECMP case); the per-port alerts of flopwatch-network.yml
+run beside them. Every port carries the simulator's healthy background (a symbol error every ~17
+minutes, busy ports waiting 1% of the time) unless a case says otherwise, and faults start at 20m.
+The expected texts are what the rules render; each case says in its name what it proves. Runbook
+URLs, severities and the symbol-error threshold are the mixin's settings (`[[ runbooks ]]`, ...).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import yaml
 
-OUT = Path(__file__).resolve().parent / "fabric.yml"
+#: The template of alerts/tests/fabric.yml in the rules mixin (`flopwatch rules build --out alerts` renders it):
+#: runbook URL, severities and the symbol-error threshold are the mixin's settings.
+OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "fabric.yml"
 INTERVAL_S = 15
 SAMPLES = 97                 # 0 .. 24m
 FAULT = 80                   # sample index of 20m
@@ -25,7 +28,8 @@ NODES = [f"n{i:02d}" for i in range(1, 25)]
 LEAF = {node: f"leaf{i // 8 + 1}" for i, node in enumerate(NODES)}
 RATE = 5e10                  # 400 Gb/s in bytes per second
 BACKGROUND = {"symbol_error": 0.001, "xmit_wait": 2e5, "data": 1e10}
-RUNBOOKS = "https://github.com/flopwatch/flopwatch/blob/main/docs/runbooks.md"
+RUNBOOKS = "[[ runbooks ]]"
+SYMBOLS = "[[ c.network.symbol_errors_per_hour | num ]]"
 
 
 @dataclass
@@ -89,14 +93,14 @@ def _series(case: Case) -> list[dict[str, str]]:
 
 
 def _expect(name: str, labels: dict[str, str], summary: str, description: str) -> dict:
-    return {"exp_labels": {"severity": "page", **labels},
+    return {"exp_labels": {"severity": "[[ sev.page ]]", **labels},
             "exp_annotations": {"summary": summary, "description": description,
                                 "runbook_url": f"{RUNBOOKS}#{name.lower()}"}}
 
 
 def _switch_text(leaf: str, shares: tuple[int, int, int, int], jobs: int | None) -> str:
     errors, rate, flap, wait = shares
-    text = (f"{errors}% of the ports under {leaf} count symbol errors above 120/hour, {rate}% run below "
+    text = (f"{errors}% of the ports under {leaf} count symbol errors above {SYMBOLS}/hour, {rate}% run below "
             f"their usual rate, {flap}% went down in the last 5 minutes and {wait}% wait to transmit. "
             "A fault shared by this many ports at once is the switch (or its power, cooling, firmware), "
             "not the cables: every job with ranks below it communicates slower. Its ports' own alerts "
@@ -183,12 +187,12 @@ def cases() -> list[Case]:
 
 def _cable_n10() -> dict:
     """The one bad cable: a per-port ticket naming both ends (the node's port and its leaf)."""
-    return {"exp_labels": {"severity": "ticket", "node": "n10", "device": "mlx5_0", "port": "1",
+    return {"exp_labels": {"severity": "[[ sev.ticket ]]", "node": "n10", "device": "mlx5_0", "port": "1",
                            "switch": "leaf2", "level": "leaf"},
             "exp_annotations": {
-                "summary": "n10 mlx5_0 port 1 (cable to leaf switch leaf2): 720 symbol errors/hour (limit 120)",
+                "summary": f"n10 mlx5_0 port 1 (cable to leaf switch leaf2): 720 symbol errors/hour (limit {SYMBOLS})",
                 "description": "InfiniBand port mlx5_0/1 on n10 counts 720 symbol errors per hour over the last "
-                               "2 minutes (for 1 minute), above the 120/hour threshold (the IBTA specification "
+                               f"2 minutes (for 1 minute), above the {SYMBOLS}/hour threshold (the IBTA specification "
                                "allows 120). A marginal cable or transceiver: retransmissions slow the job's "
                                "collectives and the link may go down.",
                 "runbook_url": f"{RUNBOOKS}#flopwatchibsymbolerrors"}}
