@@ -70,13 +70,7 @@ def _frame(chart: Chart, legend: list[tuple[str, str]], body: list[str], y_max: 
     height = HEIGHT + rows * LEGEND_ROW
     plot_h = HEIGHT - TOP - BOTTOM
     plot_w = WIDTH - LEFT - RIGHT
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" data-chart="{escape(chart.name)}" '
-        f'viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img" '
-        f'aria-label="{escape(chart.title)}">',
-        f"<title>{escape(chart.title)}</title>",
-        f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/>',
-    ]
+    parts = _svg_open(chart, height)
     intervals = 4 if f"{y_max:e}".startswith("2.0") else 5   # round labels: 0.5 steps of 2, 0.2 of 1
     for i in range(intervals + 1):
         value = y_max * i / intervals
@@ -174,13 +168,7 @@ def bar(chart: Chart, currency: str = "$") -> str:
     height = TOP + row * len(bars) + 10
     top = max(v for _, v in bars)
     plot_w = WIDTH - label_w - 110
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" data-chart="{escape(chart.name)}" '
-        f'viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img" '
-        f'aria-label="{escape(chart.title)}">',
-        f"<title>{escape(chart.title)}</title>",
-        f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/>',
-    ]
+    parts = _svg_open(chart, height)
     for i, (label, value) in enumerate(bars):
         y = TOP + i * row
         w = plot_w * max(value, 0.0) / top
@@ -205,3 +193,14 @@ def empty(chart: Chart) -> str:
 
 def render(chart: Chart, currency: str = "$") -> str:
     return {"line": line, "area": area, "bar": bar}[chart.kind](chart, currency)
+
+
+def _svg_open(chart: Chart, height: float) -> list[str]:
+    """The chart's <svg> element, its title (for screen readers) and a white background."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" data-chart="{escape(chart.name)}" '
+        f'viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img" '
+        f'aria-label="{escape(chart.title)}">',
+        f"<title>{escape(chart.title)}</title>",
+        f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/>',
+    ]
