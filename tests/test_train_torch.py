@@ -348,3 +348,24 @@ def test_a_step_count_on_the_device_is_read_once_then_counted():
     optimizer.state[parameter]["step"] = DeviceStep()
     read = integration.OptimizerIteration(optimizer)
     assert [read(), read(), read()] == [41, 42, 43] and DeviceStep.reads == 1
+
+
+def test_a_checkpoint_between_steps_is_checkpoint_time_not_data(receiver):
+    path, last = receiver
+    model = Slow()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    monitor = _monitor(path)
+    telemetry = integration.instrument(model, monitor, optimizer)
+    x = torch.randn(8, 32)
+    for step in range(4):
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 1:
+            with monitor.checkpoint():
+                time.sleep(0.05)                     # saving between steps 2 and 3
+    telemetry.close()
+    record = last()
+    assert record.checkpoint_save_seconds >= 0.05
+    assert record.phases["data"] < 0.02              # were the save counted as data, it would be >= 0.05
+    assert sum(record.phases.values()) == pytest.approx(record.step_seconds)

@@ -32,6 +32,9 @@ step; an optimizer without one (plain SGD) sends no iteration unless the loop gi
     comm      = gradients reduced - local backward done (the wait a straggler imposes on the others)
     optimizer = optimizer step end - start;  other = the rest
 
+A checkpoint timed with `StepMonitor.checkpoint()` between two steps is checkpoint time: it is
+taken out of the next step's data phase and step time, so it is not counted twice.
+
 DDP's own allreduce (and any communication hook the user registers) is left alone, and no Python
 runs on the communication library's threads. FSDP queues its wait for the reductions before any
 callback of ours can be queued, so under FSDP the collective time counts as compute (a warning
@@ -121,6 +124,8 @@ class _StepMarks:
     end: Any = None
     tokens: float | None = None
     iteration: int | None = None
+    checkpointed: float = 0.0  # the monitor's checkpoint seconds when the step started, then at forward
+    checkpoint_in_data: float = 0.0   # checkpoint seconds between the previous step and this forward
 
 
 class OptimizerIteration:
@@ -167,7 +172,7 @@ class Instrumentation:
         self._engine = torch.autograd.Variable._execution_engine
         self.monitor = monitor
         self.clock = clock if clock is not None else _clock_for(model)
-        self._current = _StepMarks()
+        self._current = _StepMarks(checkpointed=sum(monitor.checkpoint_seconds))
         self._pending: deque[_StepMarks] = deque()
         self._lock = threading.Lock()
         self._handles: list[Any] = []
@@ -192,8 +197,11 @@ class Instrumentation:
     # -- hooks ---------------------------------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
         try:
-            if self._current.forward is None and self._torch.is_grad_enabled():
-                self._current.forward = self.clock.mark()
+            current = self._current
+            if current.forward is None and self._torch.is_grad_enabled():
+                current.forward = self.clock.mark()
+                # a checkpoint saved between steps is checkpoint time, not this step's data loading
+                current.checkpoint_in_data = sum(self.monitor.checkpoint_seconds) - current.checkpointed
         except Exception as error:
             self.monitor._internal_error(error)
 
@@ -247,7 +255,8 @@ class Instrumentation:
         """End the current step (the optimizer post-hook calls this; call it without an optimizer)."""
         end = self.clock.mark()
         with self._lock:
-            marks, self._current = self._current, _StepMarks(start=end)
+            marks = self._current
+            self._current = _StepMarks(start=end, checkpointed=sum(self.monitor.checkpoint_seconds))
         marks.end, marks.tokens = end, tokens
         marks.iteration = self._step_iteration(iteration)
         self._pending.append(marks)
@@ -278,8 +287,9 @@ class Instrumentation:
         if first is None:
             first = marks.optimizer_start if marks.optimizer_start is not None else marks.end
         phases: dict[str, float] = {}
+        saved = marks.checkpoint_in_data if marks.start is not None else 0.0
         if marks.forward is not None:
-            phases["data"] = seconds(first, marks.forward)
+            phases["data"] = seconds(first, marks.forward) - saved
             compute_end = marks.backward_done if marks.backward_done is not None else marks.optimizer_start
             if compute_end is not None:
                 phases["compute"] = seconds(marks.forward, compute_end)
@@ -288,7 +298,7 @@ class Instrumentation:
         if marks.optimizer_start is not None:
             phases["optimizer"] = seconds(marks.optimizer_start, marks.end)
         phases = {name: max(0.0, value) for name, value in phases.items()}
-        self.monitor.record_step(max(0.0, seconds(first, marks.end)), phases, marks.tokens, marks.iteration)
+        self.monitor.record_step(max(0.0, seconds(first, marks.end) - saved), phases, marks.tokens, marks.iteration)
 
     def _step_iteration(self, given: int | None) -> int | None:
         """The iteration of the step that just ended: given to end_step, set by the loop, or read."""
