@@ -31,9 +31,9 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from flopwatch.mixin import names
 
-#: Where the docs live for links from panels (runbooks) and the push command's --docs-url default.
-#: One place to change when the project's documentation moves.
-DOCS_URL = "https://github.com/flopwatch/flopwatch/blob/main/docs"
+#: Where the docs live for links from panels (runbooks) and the push command's --docs-url default
+#: (flopwatch/mixin/names.py, the one spelling; `flopwatch rules build` takes urls.docs instead).
+DOCS_URL = names.DOCS_URL
 TAG = "flopwatch"
 
 #: Alert names (the rules/dashboards contract, flopwatch/mixin/names.py); each has a runbook anchor

@@ -20,6 +20,7 @@ import yaml
 
 from flopwatch import durations, yamlfile
 from flopwatch.config import ConfigError
+from flopwatch.mixin import names
 
 #: A Prometheus duration as written in PromQL (`30s`, `1m30s`, `6h`).
 Duration = NewType("Duration", str)
@@ -55,8 +56,8 @@ class Severities:
 
 @dataclass(frozen=True)
 class Urls:
-    runbooks: Url = Url("https://github.com/flopwatch/flopwatch/blob/main/docs/runbooks.md")
-    docs: Url = Url("https://github.com/flopwatch/flopwatch/blob/main/docs")
+    runbooks: Url = Url(names.RUNBOOKS_URL)
+    docs: Url = Url(names.DOCS_URL)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
 """The names other parts rely on, in one place: every alert (each has a runbook anchor
 `#<name in lower case>` in docs/runbooks.md) and the recording rules of the shared contract.
 A test fails when the built rules define a different set of alerts or lack a contract record;
-the dashboards and the runbook checks read these lists."""
+the dashboards and the runbook checks read these lists. Also the docs' address, the one spelling of it."""
 
 from __future__ import annotations
+
+#: Where the project's docs live (the default of the mixin's urls.docs, the dashboards' links) and its
+#: runbooks (urls.runbooks: every alert's runbook_url is <RUNBOOKS_URL>#<alert in lower case>).
+DOCS_URL = "https://github.com/flopwatch/flopwatch/blob/main/docs"
+RUNBOOKS_URL = f"{DOCS_URL}/runbooks.md"
 
 ALERTS: tuple[str, ...] = (
     "FlopWatchStraggler", "FlopWatchGpuXidCritical", "FlopWatchGpuXid", "FlopWatchGpuLost",
