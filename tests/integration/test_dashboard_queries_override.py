@@ -11,7 +11,6 @@ because they cannot run here: the GPUs, NICs and training ranks (flopwatch.sim).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -21,11 +20,10 @@ from flopwatch import dashboards
 from flopwatch.mixin import build
 from flopwatch.mixin.config import load
 from flopwatch.promql import PromClient
-from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import parse
-from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
 from integration import dashboard_checks as checks
+from integration.fleets import serving
 from integration.test_dashboard_queries import DEADLINE_S, SCENARIO, UNFILLED_COLUMNS, VARIABLES
 
 pytestmark = pytest.mark.integration
@@ -49,25 +47,18 @@ def override(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prometheus(override, tmp_path_factory):
+    scenario = parse(SCENARIO)
     start = time.time()
-    fleet = Fleet(parse(SCENARIO), start_unix=start)
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
-    targets = server.write_file_sd(tmp_path_factory.mktemp("sim") / "targets.json")
-    jobs = [{"job_name": name, "file_sd_configs": [{"files": [str(targets)]}]} for name in ("gpu-agents", "copy")]
-    rule_files = sorted(p for p in (override / "alerts").glob("*.yml") if p.name != "alertmanager.yml")
-    prom = Prometheus(jobs, rule_files=rule_files)
-    try:
-        prom.start()
-        ticker.start()
-        yield PromClient(prom.url), start
-    finally:
-        stop.set()
-        ticker.join(10)
-        prom.stop()
-        server.stop()
+    with serving(scenario, scenario.scrape_interval) as server:
+        targets = server.write_file_sd(tmp_path_factory.mktemp("sim") / "targets.json")
+        jobs = [{"job_name": name, "file_sd_configs": [{"files": [str(targets)]}]} for name in ("gpu-agents", "copy")]
+        rules = sorted(p for p in (override / "alerts").glob("*.yml") if p.name != "alertmanager.yml")
+        prom = Prometheus(jobs, rule_files=rules)
+        try:
+            prom.start()
+            yield PromClient(prom.url), start
+        finally:
+            prom.stop()
 
 
 def override_targets(override: Path) -> list[checks.Target]:
