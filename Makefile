@@ -1,5 +1,5 @@
 # The two commands a new user needs. Both set everything up first (scripts/setup.sh).
-.PHONY: setup demo test lint docs bench clean
+.PHONY: setup demo test test-fast lint docs bench clean
 
 setup:
 	@scripts/setup.sh
@@ -7,9 +7,14 @@ setup:
 demo: setup
 	.venv/bin/flopwatch demo
 
+# Everything, real servers included (about 20 minutes on 2 cores); the 25 slowest tests listed at the end.
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest --durations=25
+
+# The developer's loop: unit tests only, no servers, no slow tests (under 2 minutes on 2 cores).
+test-fast: setup
+	.venv/bin/python -m pytest -q -m "not slow and not integration" --ignore=tests/integration tests
 
 lint: setup
 	.venv/bin/ruff check .

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 import urllib.request
+from collections.abc import Callable
 
+from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from flopwatch import __version__
@@ -73,17 +74,68 @@ def test_a_failing_collector_is_counted_and_others_continue(sim_config, caplog):
     agent.close()
 
 
-def test_run_keeps_schedule_and_stops(sim_config):
+class FakeTime:
+    """The run loop's clock and stop event in one: wait(delay) advances the clock by the delay
+    and records it; the loop stops after `cycles` waits. `cost` is what each cycle takes."""
+
+    def __init__(self, cycles: int, cost: Callable[[int], float] = lambda cycle: 0.0) -> None:
+        self.now, self.cycles, self.cost, self.waits = 1000.0, cycles, cost, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def is_set(self) -> bool:
+        return len(self.waits) >= self.cycles
+
+    def wait(self, delay: float) -> bool:
+        self.waits.append(round(delay, 9))
+        self.now += delay
+        return self.is_set()
+
+
+def test_run_keeps_a_fixed_schedule_and_stops(sim_config):
+    agent = build_agent(sim_config)
+    fake = FakeTime(cycles=5, cost=lambda cycle: 0.3 if cycle == 3 else 0.1)   # the third is slow
+    collect = agent.collect_once
+
+    def timed_cycle() -> None:
+        collect()
+        fake.now += fake.cost(agent.cycles)
+
+    agent.collect_once = timed_cycle
+    agent.run(1.0, fake, clock=fake.clock)
+    assert agent.cycles == 5
+    # each wait ends on the next whole interval after the start: a slow cycle shortens it, no drift
+    assert fake.waits == [0.9, 0.9, 0.7, 0.9, 0.9]
+    agent.close()
+
+
+def test_run_skips_the_slots_a_slow_cycle_missed(sim_config, caplog):
+    agent = build_agent(sim_config)
+    fake = FakeTime(cycles=3)
+    collect = agent.collect_once
+
+    def cycle() -> None:
+        collect()
+        fake.now += 2.5 if agent.cycles == 1 else 0.0    # the first cycle overruns two slots
+
+    agent.collect_once = cycle
+    agent.run(1.0, fake, clock=fake.clock)
+    assert fake.waits == [0.5, 1.0, 1.0]    # back on the grid at start + 3 s, no burst of cycles
+    assert "skipping 2 slot(s)" in caplog.text
+    agent.close()
+
+
+def test_run_returns_when_stopped(sim_config):
     agent = build_agent(sim_config)
     stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(0.05, stop))
-    # interval is validated >= 1 s in config; run() itself accepts any interval for tests
+    thread = threading.Thread(target=agent.run, args=(3600.0, stop))
     thread.start()
-    time.sleep(0.5)
+    wait_for(lambda: agent.cycles >= 1, 5, "the first cycle")
     stop.set()
-    thread.join(2)
-    assert not thread.is_alive()
-    assert 6 <= agent.cycles <= 12
+    thread.join(5)
+    assert not thread.is_alive()     # the hour-long wait ended with the stop, not the interval
+    assert agent.cycles == 1
     agent.close()
 
 
@@ -111,12 +163,8 @@ def test_a_failing_cycle_does_not_stop_the_loop(sim_config, caplog):
         original()
 
     agent.collect_once = flaky
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(0.05, stop))
-    thread.start()
-    time.sleep(0.3)
-    stop.set()
-    thread.join(2)
-    assert len(calls) >= 3 and agent.cycles >= 2
+    fake = FakeTime(cycles=3)
+    agent.run(1.0, fake, clock=fake.clock)
+    assert len(calls) == 3 and agent.cycles == 2
     assert "collection cycle failed" in caplog.text
     agent.close()

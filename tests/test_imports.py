@@ -74,8 +74,13 @@ def imports_of(name: str) -> Iterator[tuple[str, int]]:
                     yield (full if full in MODULES else base), node.lineno
 
 
+#: Read once, at collection: CPython 3.11's parser can raise SystemError ("AST constructor
+#: recursion depth mismatch") when called after another test left deep recursion behind.
+IMPORTS = {name: list(imports_of(name)) for name in MODULES}
+
+
 def _edges() -> dict[str, list[str]]:
-    graph = {name: sorted({target for target, _ in imports_of(name) if target in MODULES}) for name in MODULES}
+    graph = {name: sorted({target for target, _ in IMPORTS[name] if target in MODULES}) for name in MODULES}
     # cli imports each command module by name from its table (importlib): those are imports too
     from flopwatch.cli import SUBCOMMANDS
 
@@ -162,7 +167,7 @@ def test_imports_run_down_the_layers():
     wrong = []
     for name, path in MODULES.items():
         source = top_package(name)
-        for target, line in imports_of(name):
+        for target, line in IMPORTS[name]:
             if target not in MODULES or top_package(target) == source:
                 continue
             above, below = layer_of(source), layer_of(top_package(target))
@@ -171,13 +176,22 @@ def test_imports_run_down_the_layers():
     assert not wrong, "imports against the documented direction:\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("flopwatch.train")))
+def _absolute_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    return imported + [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and not node.level]
+
+
+ABSOLUTE_IMPORTS = {name: _absolute_imports(path) for name, path in MODULES.items()
+                    if name.startswith("flopwatch.train")}
+
+
+@pytest.mark.parametrize("name", sorted(ABSOLUTE_IMPORTS))
 def test_the_training_client_imports_nothing_of_the_agent(name):
     """A training job pays only for the client: flopwatch.train imports only flopwatch.train and
     never prometheus_client."""
-    tree = ast.parse(MODULES[name].read_text())
-    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
-    imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level]
+    imported = ABSOLUTE_IMPORTS[name]
     outside = [m for m in imported if m.startswith("flopwatch") and not m.startswith("flopwatch.train")]
     assert not outside, f"{name} imports {outside}"
     assert not [m for m in imported if m.split(".")[0] == "prometheus_client"], f"{name} imports prometheus_client"

@@ -224,6 +224,7 @@ def test_batches_respect_batch_size_and_gzip_can_be_off(stub, tmp_path):
     assert all("Content-Encoding" not in request["headers"] for request in stub.requests)
 
 
+@pytest.mark.slow
 def test_5xx_is_retried_with_backoff_then_kept_and_sent_exactly_once(stub, tmp_path):
     stub.answers = [503, 503, 503]     # one request's three attempts fail; the next request succeeds
     sink = InfluxSink(options(stub.url, tmp_path), "n1")

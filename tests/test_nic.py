@@ -187,8 +187,30 @@ def test_machine_without_infiniband(tmp_path):
                      "flopwatch_nic_net_drops"}  # prometheus_client strips _total from counter names
 
 
-def test_live_sysfs_of_this_machine_reads_without_crashing():
-    collector = NicCollector("n1", "/sys")
-    assert isinstance(collector.update(), int)
-    devices = {sample.labels["device"] for family in collector.collect() for sample in family.samples}
-    assert "lo" not in devices
+def test_a_tree_laid_out_as_a_live_kernel_does(tmp_path):
+    """On a live kernel class/net/* and class/infiniband/* are symlinks into devices/ (PCI
+    functions, devices/virtual for lo and bridges). The recorded interfaces, placed that way
+    with a container bridge and a veth beside them, read exactly as the plain fixture does, and
+    the virtual interfaces stay out by default."""
+    for kind, parent in (("net", "devices/pci0000:00/0000:00:03.0/net"), ("infiniband", "devices/pci0000:17")):
+        for device in (FIXTURE / "class" / kind).iterdir():
+            home = tmp_path / ("devices/virtual/net" if device.name == "lo" else parent) / device.name
+            shutil.copytree(device, home)
+            (tmp_path / "class" / kind).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "class" / kind / device.name).symlink_to(home)
+    for virtual in ("docker0", "veth3f2a"):
+        home = tmp_path / "devices/virtual/net" / virtual
+        shutil.copytree(FIXTURE / "class/net/eno1", home)
+        (tmp_path / "class/net" / virtual).symlink_to(home)
+    (tmp_path / "devices/system").symlink_to(FIXTURE / "devices/system")
+    live = NicCollector("n1", str(tmp_path))
+    plain = NicCollector("n1", str(FIXTURE))
+    assert live.update() == 0 and plain.update() == 0
+
+    def samples(collector: NicCollector) -> dict:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in collector.collect() for s in family.samples}
+
+    assert samples(live) == samples(plain)
+    devices = {labels["device"] for _, pairs in samples(live) for labels in [dict(pairs)] if "device" in labels}
+    assert devices == {"eno1", "eno2", "ens1f0np0", "mlx4_0", "mlx5_0", "mlx5_2"}

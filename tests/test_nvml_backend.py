@@ -19,6 +19,7 @@ import pynvml as real
 import pytest
 from backend_rig import NODE, BackendRig
 from fakes.fake_pynvml import FakeNvml, a100, h100
+from helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from flopwatch import __version__
@@ -61,14 +62,6 @@ def rigs(monkeypatch):
     for rig in made:
         rig.close()
 
-
-def wait_for(condition, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def test_values_arrive_in_base_units_in_the_served_exposition(rigs):

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 from backend_rig import BackendRig
+from helpers import wait_for
 from nvml_driver import DEVICE_NAMES, STATE_VARIABLE, DriverState, InProcess, header_dir
 from prometheus_client.parser import text_string_to_metric_families
-from test_nvml_backend import wait_for
 
 from flopwatch import config as cfg
 from flopwatch.exporters.gpu import xid_events

@@ -66,6 +66,7 @@ def test_promtool_check_rules_is_clean() -> None:
     assert result.stdout.count("SUCCESS") == len(RULE_FILES), result.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     promtool = tool("promtool", "prometheus")
     result = run(promtool, "test", "rules", *(p.name for p in TEST_FILES), cwd=ALERTS / "tests")

@@ -85,6 +85,7 @@ def exposition_values(agent: SimNodeAgent) -> dict[tuple, float]:
     return values
 
 
+@pytest.mark.slow
 def test_counters_never_go_backwards():
     fleet = Fleet(scenario(faults=[{"kind": "nic_link_flap", "node": 1, "nic": 2, "start": "1m"},
                                    {"kind": "nvlink_errors", "node": 2, "gpu": 1, "start": "1m"}]))
@@ -107,6 +108,7 @@ def gpu_value(fleet, agent, name, **labels):
     return values.get((name, wanted))
 
 
+@pytest.mark.slow
 def test_thermal_fault_starts_and_ends_on_time_with_matching_telemetry():
     fleet = Fleet(scenario(faults=[{"kind": "thermal_throttle", "node": 1, "gpu": 3, "start": "5m",
                                     "duration": "5m", "slowdown": 0.1}]))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_gpt import TinyGPT
 from torch import nn
 from torch.nn import functional
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from flopwatch.train import DecoderShape, FlopsAccount, account
 from flopwatch.train.flops import matmul_params, measure_step_flops
@@ -14,44 +14,8 @@ from flopwatch.train.flops import matmul_params, measure_step_flops
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 512, 128, 4, 3, 64, 2
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-1, -2)) / (d // HEADS) ** 0.5
-        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        return x + self.down(functional.gelu(self.up(self.ln2(x))))
-
-
-class TinyGPT(nn.Module):
-    """A GPT-style decoder: token and position embeddings, pre-norm blocks, an untied LM head."""
-
-    def __init__(self, recompute: bool = False) -> None:
-        super().__init__()
-        self.recompute = recompute
-        self.embed, self.position = nn.Embedding(VOCAB, DIM), nn.Embedding(SEQ, DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
-
-    def body(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx) + self.position(torch.arange(idx.shape[1]))
-        if self.recompute:                    # full activation recomputation of every matmul
-            with set_checkpoint_early_stop(False):    # (early stop would skip the last matmul)
-                return checkpoint(self.body, x, use_reentrant=False)
-        return self.body(x)
+def tiny(recompute: bool = False) -> TinyGPT:
+    return TinyGPT(VOCAB, DIM, HEADS, LAYERS, SEQ, recompute=recompute)
 
 
 def _shape(model: nn.Module) -> DecoderShape:
@@ -85,7 +49,7 @@ def test_shape_refuses_nonsense(field, value):
 
 
 def test_matmul_params_counts_linear_weights_once():
-    model = TinyGPT()
+    model = tiny()
     per_block = 3 * DIM * DIM + DIM * DIM + 2 * 4 * DIM * DIM
     assert matmul_params(model) == LAYERS * per_block + VOCAB * DIM
     model.head.weight = model.embed.weight                 # tied: still one matrix
@@ -93,7 +57,7 @@ def test_matmul_params_counts_linear_weights_once():
 
 
 def test_analytic_and_flop_counter_agree_within_two_percent():
-    model = TinyGPT()
+    model = tiny()
     measured = _measure(model)
     analytic = _shape(model).model_flops_per_token() * BATCH * SEQ
     assert measured == pytest.approx(analytic, rel=0.02)
@@ -101,7 +65,7 @@ def test_analytic_and_flop_counter_agree_within_two_percent():
 
 
 def test_full_recomputation_is_hardware_flops_not_model_flops():
-    model = TinyGPT(recompute=True)
+    model = tiny(recompute=True)
     measured = _measure(model)
     shape = _shape(model)
     assert measured == pytest.approx(shape.hardware_flops_per_token("full") * BATCH * SEQ, rel=0.02)

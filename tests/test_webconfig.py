@@ -14,12 +14,12 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import bcrypt
 import pytest
+from helpers import wait_for
 from tls_certs import Pki, basic, make_pki, renew_server_cert
 
 from flopwatch import config as cfg
@@ -121,14 +121,6 @@ def refused(server: HttpServer, context: ssl.SSLContext) -> bool:
         return True
     return False
 
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 # -- validation ------------------------------------------------------------------------------------

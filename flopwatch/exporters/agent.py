@@ -116,23 +116,25 @@ class Agent:
     def exposition(self) -> bytes:
         return self._exposition
 
-    def run(self, interval: float, stop: threading.Event) -> None:
-        """Collect every `interval` seconds on a fixed schedule until `stop` is set."""
+    def run(self, interval: float, stop: threading.Event,
+            clock: Callable[[], float] = time.monotonic) -> None:
+        """Collect every `interval` seconds on a fixed schedule until `stop` is set (`clock` and
+        `stop.wait` are the seams a test drives the schedule through)."""
         self.interval = interval
-        next_at = time.monotonic()
+        next_at = clock()
         while not stop.is_set():
             try:
                 self.collect_once()
             except Exception:  # keep collecting; /healthz turns 503 if this keeps happening
                 log.exception("collection cycle failed")
             next_at += interval
-            delay = next_at - time.monotonic()
+            delay = next_at - clock()
             if delay < 0:  # fell behind (slow hardware): skip missed slots instead of bursting
                 skipped = int(-delay // interval) + 1
                 log.warning("collection took longer than the %.3gs interval; skipping %d slot(s)",
                             interval, skipped)
                 next_at += skipped * interval
-                delay = next_at - time.monotonic()
+                delay = next_at - clock()
             stop.wait(max(0.0, delay))
 
     def close(self) -> None:

@@ -1,0 +1,27 @@
+"""Helpers the tests share (import as `from helpers import ...`; tests/ is on the path).
+
+`wait_for` is the one way a test waits for something another thread or process does: it polls
+(briefly at first, then backing off to half a second, so a quick condition costs little and a
+slow server is not hammered) and fails the test naming what never happened."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 5.0, what: str = "the condition") -> T:
+    """The first truthy value of `predicate()` within `timeout` seconds; AssertionError after."""
+    deadline = time.monotonic() + timeout
+    pause = 0.02
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 1.5, 0.5)
