@@ -74,10 +74,11 @@ def test_promtool_unit_tests_pass() -> None:
     assert result.stdout.count("SUCCESS") == len(TEST_FILES), result.stdout
 
 
-def test_generated_pipeline_cases_are_committed_as_generated() -> None:
+@pytest.mark.parametrize("generator", ["pipeline_cases", "straggler_cases"])
+def test_generated_test_cases_are_committed_as_generated(generator: str) -> None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pipeline_cases", ALERTS / "tests" / "pipeline_cases.py")
+    spec = importlib.util.spec_from_file_location(generator, ALERTS / "tests" / f"{generator}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module          # its dataclasses look themselves up there
@@ -86,7 +87,7 @@ def test_generated_pipeline_cases_are_committed_as_generated() -> None:
     finally:
         del sys.modules[spec.name]
     assert module.OUT.read_text() == module.render(), \
-        "the template of alerts/tests/pipeline.yml is stale: run python alerts/tests/pipeline_cases.py"
+        f"{module.OUT.name}'s template is stale: run python alerts/tests/{generator}.py, then flopwatch rules build"
 
 
 def test_straggler_medians_are_taken_over_peer_groups() -> None:
