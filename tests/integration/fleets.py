@@ -1,15 +1,18 @@
-"""Simulated fleets shared by the integration tests, and a context manager that serves one."""
+"""Simulated fleets shared by the integration tests, a context manager that serves one, and
+training ranks stepping in threads through the real client."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario, parse
 from flopwatch.sim.serve import FleetServer
+from flopwatch.train import StepMonitor
 
 MODEL_8B = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
 
@@ -54,3 +57,44 @@ def serving(scenario: Scenario, tick: float) -> Iterator[FleetServer]:
         stop.set()
         ticker.join(10)
         server.stop()
+
+
+class RankThreads:
+    """Ranks of one training job stepping in threads through the real client (StepMonitor): rank r
+    on GPU r, each step `compute_s(r)` of compute then comm for the rest of `step_s` (a slow
+    rank's compute, the others' comm: the wait for it). `started` is when they began."""
+
+    def __init__(self, socket_path: Path, job_id: str, ranks: int, step_s: float = 0.1,
+                 flops_per_step: float = 1e12, tokens_per_step: float = 1000.0,
+                 compute_s: Callable[[int], float] | None = None) -> None:
+        self.step_s, self.flops_per_step = step_s, flops_per_step
+        self.compute_s = compute_s or (lambda rank: 0.8 * step_s)
+        self.monitors = [StepMonitor(flops_per_step, tokens_per_step, job_id=job_id, rank=rank, local_rank=rank,
+                                     gpu=rank, socket_path=str(socket_path), min_interval=0.2)
+                         for rank in range(ranks)]
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(rank,), name=f"rank-{rank}", daemon=True)
+                        for rank in range(ranks)]
+        self.started = 0.0
+
+    def _run(self, rank: int) -> None:
+        monitor, compute = self.monitors[rank], self.compute_s(rank)
+        while not self.stop.is_set():
+            with monitor.step():
+                with monitor.phase("compute"):
+                    time.sleep(compute)
+                with monitor.phase("comm"):
+                    time.sleep(max(0.0, self.step_s - compute))
+
+    def __enter__(self) -> RankThreads:
+        self.started = time.monotonic()
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=5)
+        for monitor in self.monitors:
+            monitor.close()

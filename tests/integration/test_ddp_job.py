@@ -29,59 +29,28 @@ RANKS, STEPS, SLOW_RANK, DELAY = 3, 15, 1, 0.1
 JOB_ID = "ddp-straggler"
 #: The "configured peak" for MFU: a CPU-sized number so the job's MFU is a readable fraction.
 PEAK_FLOPS = 1.5e9
+TESTS = Path(__file__).resolve().parents[1]   # where tiny_gpt.py lives
 
 WORKER = r'''
 import json, os, time
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn import functional
 from torch.nn.parallel import DistributedDataParallel
 
 from flopwatch.train import DecoderShape, StepMonitor, account
 from flopwatch.train.flops import matmul_params, measure_step_flops
 from flopwatch.train.torch import instrument
+from tiny_gpt import TinyGPT  # tests/ is on PYTHONPATH
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 256, 64, 4, 2, 32, 4
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-1, -2)) / (d // HEADS) ** 0.5
-        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        return x + self.down(functional.gelu(self.up(self.ln2(x))))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.delay = 0.0
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
-
-    def forward(self, idx):
-        time.sleep(self.delay)          # the straggler: slower compute before the allreduce
-        x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-model = TinyGPT()
+model = TinyGPT(VOCAB, DIM, HEADS, LAYERS, SEQ)
 x, y = torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, SEQ))
 loss_of = lambda out: functional.cross_entropy(out.view(-1, VOCAB), y.view(-1))
 measured = measure_step_flops(model, x, loss_fn=loss_of)
@@ -127,7 +96,8 @@ def job(stack) -> dict[int, dict]:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(RANKS),
                GLOO_SOCKET_IFNAME="lo", FLOPWATCH_SOCKET=str(sock), FLOPWATCH_JOB_ID=JOB_ID,
                STEPS=str(STEPS), SLOW_RANK=str(SLOW_RANK), DELAY=str(DELAY), OUT=str(work),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     procs = []
     for rank in range(RANKS):
         log = open(work / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below

@@ -19,22 +19,23 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
+from helpers import wait_for
 
 from flopwatch.promql import PromClient
 from flopwatch.stack import AgentProcess, Alertmanager, Prometheus
 from flopwatch.stack.servers import scrape_job
 from flopwatch.stack.webhook import WebhookReceiver
-from flopwatch.train import StepMonitor, wire
+from flopwatch.train import wire
+from integration.fleets import RankThreads
 
 pytestmark = pytest.mark.integration
 
@@ -64,54 +65,6 @@ def values(exposition: str, name: str, **labels: str) -> list[float]:
             found.append(float(value))
     return found
 
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-class Trainers:
-    """Ranks of one training job stepping in threads through the real client (StepMonitor)."""
-
-    def __init__(self, socket_path: Path, job_id: str, ranks: int, step_s: float = 0.1,
-                 flops_per_step: float = 1e12) -> None:
-        self.socket_path, self.job_id, self.step_s = socket_path, job_id, step_s
-        self.flops_per_step = flops_per_step
-        self.monitors: list[StepMonitor] = []
-        self._ranks = ranks
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.started = 0.0
-
-    def _run(self, monitor: StepMonitor) -> None:
-        while not self._stop.is_set():
-            with monitor.step():
-                with monitor.phase("compute"):
-                    time.sleep(self.step_s * 0.8)
-                with monitor.phase("comm"):
-                    time.sleep(self.step_s * 0.2)
-
-    def __enter__(self) -> Trainers:
-        self.started = time.monotonic()
-        for rank in range(self._ranks):
-            monitor = StepMonitor(self.flops_per_step, 1000.0, job_id=self.job_id, rank=rank, local_rank=rank,
-                                  gpu=rank, socket_path=str(self.socket_path), min_interval=0.2)
-            self.monitors.append(monitor)
-            thread = threading.Thread(target=self._run, args=(monitor,), name=f"rank-{rank}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        for monitor in self.monitors:
-            monitor.close()
 
 
 def scraped_since(client: PromClient, since: float) -> bool:
@@ -143,7 +96,7 @@ def test_prometheus_and_alertmanager_crash_and_come_back_while_the_agent_keeps_s
             client = PromClient(prometheus.url)
             started = time.time()
             assert hook.wait_for(lambda a: a["labels"]["alertname"] == "AgentSeen", 30), "first page never came"
-            wait_until(lambda: (client.scalar('count_over_time(up{job="flopwatch"}[1m])') or 0) >= 3, 20,
+            wait_for(lambda: (client.scalar('count_over_time(up{job="flopwatch"}[1m])') or 0) >= 3, 20,
                        "three scrapes")
 
             # Prometheus crashes (SIGKILL): the agent does not notice and keeps collecting.
@@ -164,7 +117,7 @@ def test_prometheus_and_alertmanager_crash_and_come_back_while_the_agent_keeps_s
             kept = client.query(f'count_over_time(up{{job="flopwatch"}}[{window}])', at=killed)
             assert kept and kept[0].value >= 3, f"samples from before the crash were lost: {kept}"
             # (Prometheus hands new targets to its scrapers every 5 s, so the first scrape waits.)
-            wait_until(lambda: scraped_since(client, restarted), 20, "scrapes after the restart")
+            wait_for(lambda: scraped_since(client, restarted), 20, "scrapes after the restart")
 
             # Alertmanager crashes; an alert that starts firing meanwhile is paged once it is back.
             alertmanager.kill()
@@ -172,7 +125,7 @@ def test_prometheus_and_alertmanager_crash_and_come_back_while_the_agent_keeps_s
             late = {"alert": "LateAlert", "expr": "max by (node) (flopwatch_build_info) > 0"}
             rules.write_text(yaml.safe_dump({"groups": [{"name": "outage", "interval": "1s", "rules": [seen, late]}]}))
             prometheus.reload()
-            wait_until(lambda: client.query('ALERTS{alertname="LateAlert",alertstate="firing"}'), 20,
+            wait_for(lambda: client.query('ALERTS{alertname="LateAlert",alertstate="firing"}'), 20,
                        "LateAlert firing in Prometheus")
             time.sleep(2)  # Prometheus tries to send it to the dead Alertmanager
             assert not [a for a in hook.alerts if a["labels"]["alertname"] == "LateAlert"]
@@ -206,14 +159,14 @@ def test_agent_restart_counters_restart_cleanly_and_the_rules_stay_quiet(tmp_pat
     agent = AgentProcess(node="restart-node", gpus=2, extra=["--config", str(config)])
     with agent, Prometheus([scrape_job("flopwatch", [f"127.0.0.1:{agent.port}"])],
                            rule_files=RULE_FILES) as prometheus, \
-            Trainers(socket_path, "restart-job", ranks=2) as trainers:
+            RankThreads(socket_path, "restart-job", ranks=2) as trainers:
         client = PromClient(prometheus.url)
         started = time.time()
-        wait_until(lambda: len(client.query('flopwatch_train_steps_total{job_id="restart-job"}')) == 2, 20,
+        wait_for(lambda: len(client.query('flopwatch_train_steps_total{job_id="restart-job"}')) == 2, 20,
                    "both ranks in Prometheus")
         # MFU comes through three rule groups (GPU records, peaks, MFU); on a loaded machine its first
         # value can take longer than the 15 s the check below skips, so the restart waits for it.
-        wait_until(lambda: client.query('job_id:flopwatch_mfu:ratio{job_id="restart-job"}'), 60, "MFU recorded")
+        wait_for(lambda: client.query('job_id:flopwatch_mfu:ratio{job_id="restart-job"}'), 60, "MFU recorded")
         mfu_from = max(time.time(), started + 15)
         time.sleep(6)
         agent.kill()
@@ -221,7 +174,7 @@ def test_agent_restart_counters_restart_cleanly_and_the_rules_stay_quiet(tmp_pat
         time.sleep(3)
         agent.restart()
         back = time.time()
-        wait_until(lambda: scraped_since(client, back), 20, "scrapes of the restarted agent")
+        wait_for(lambda: scraped_since(client, back), 20, "scrapes of the restarted agent")
         resumed = time.time()
         time.sleep(8)
         ended = time.time()
@@ -301,7 +254,7 @@ while True:
 def test_a_training_process_killed_mid_step_keeps_its_totals_until_its_series_expire(train_agent) -> None:
     agent, socket_path = train_agent
     rejected_before = sum(values(get(agent.url + "/metrics")[1], "flopwatch_train_events_rejected_total"))
-    with Trainers(socket_path, "healthy-job", ranks=1, step_s=0.05):
+    with RankThreads(socket_path, "healthy-job", ranks=1, step_s=0.05):
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(socket_path)], stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout is not None and child.stdout.readline().strip() == "inside step 21"
@@ -323,7 +276,7 @@ def test_a_training_process_killed_mid_step_keeps_its_totals_until_its_series_ex
         _, text = get(agent.url + "/metrics")
         assert values(text, "flopwatch_train_steps_total", job_id="killed-job") == [20.0], "expired too early"
 
-        wait_until(lambda: not values(get(agent.url + "/metrics")[1], "flopwatch_train_steps_total",
+        wait_for(lambda: not values(get(agent.url + "/metrics")[1], "flopwatch_train_steps_total",
                                       job_id="killed-job"), EXPIRY_S + 8, "the killed rank's series to expire")
         assert time.monotonic() - killed >= EXPIRY_S - 1
         _, text = get(agent.url + "/metrics")
@@ -377,8 +330,8 @@ def test_thousands_of_ranks_come_and_go_series_expire_and_memory_returns(train_a
             peak_rss = max(peak_rss, process.memory_info().rss)
             return train_series(agent) >= 6000
 
-        wait_until(all_shown, EXPIRY_S - 2, f"6,000 {tag} ranks exported at once")
-        wait_until(lambda: train_series(agent) == 0, EXPIRY_S + 10, f"the {tag} ranks to expire")
+        wait_for(all_shown, EXPIRY_S - 2, f"6,000 {tag} ranks exported at once")
+        wait_for(lambda: train_series(agent) == 0, EXPIRY_S + 10, f"the {tag} ranks to expire")
         time.sleep(1.5)
         return peak_rss
 
@@ -409,7 +362,7 @@ def test_random_bytes_and_oversized_datagrams_on_the_socket_are_rejected_and_cou
     junk += [b"\x01" * 65_536 for _ in range(20)]                    # oversized, version byte right
     junk += [bytes([wire.VERSION]) + rng.randbytes(wire.MAX_DATAGRAM - 1) for _ in range(40)]
     before = rejected_by_reason(agent)
-    with Trainers(socket_path, "steady-job", ranks=1, step_s=0.05) as trainers:
+    with RankThreads(socket_path, "steady-job", ranks=1, step_s=0.05) as trainers:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             sock.settimeout(5)
             sock.connect(str(socket_path))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import wait_for
 
 from flopwatch import config as cfg
 from flopwatch.exporters.wiring import build_agent
@@ -35,15 +36,6 @@ RULES = {"groups": [{"name": "job-join", "interval": "1s", "rules": [
              "sum by (node, device, port) (flopwatch_nic_data_bytes_total))"},
 ]}]}
 
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def by_job(client: PromClient, expr: str) -> dict[str, float]:
@@ -79,7 +71,7 @@ def test_recording_rule_joins_gpu_and_nic_series_to_jobs(tmp_path, mapping):
         with Prometheus([scrape_job("flopwatch", [f"{host}:{port}"])], rule_files=[rules]) as prom:
             client = PromClient(prom.url)
             wait_for(lambda: set(by_job(client, "job_id:flopwatch_gpu_power_watts:sum")) == {"81723", "81799"},
-                     what="the power join for both jobs")
+                     20, "the power join for both jobs")
             stop.set()  # freeze the exposition so raw series and rule results can be compared exactly
             loop.join(timeout=5)
             frozen = agent.exposition()
@@ -108,7 +100,7 @@ def test_recording_rule_joins_gpu_and_nic_series_to_jobs(tmp_path, mapping):
             (mapping / "users" / "81799").unlink()
             agent.collect_once()
             wait_for(lambda: set(by_job(client, "job_id:flopwatch_gpu:count")) == {"81723"},
-                     what="job 81799's series to go stale")
+                     20, "job 81799's series to go stale")
             assert not client.query('flopwatch_gpu_job_info{job_id="81799"}')
             assert not client.query('flopwatch_nic_job_info{job_id="81799"}')
     finally:

@@ -19,19 +19,18 @@ every rank's step the same length (the others wait in comm, as a synchronous job
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import wait_for
 
 from flopwatch.promql import PromClient
 from flopwatch.stack import AgentProcess, Prometheus
 from flopwatch.stack.servers import scrape_job
-from flopwatch.train import StepMonitor
 from integration.dashboard_checks import RULE_FILES
 from integration.dcgm_serving import FIX, serve
+from integration.fleets import RankThreads
 
 pytestmark = pytest.mark.integration
 
@@ -53,39 +52,6 @@ class ThrottledNode(FIX.Node):
         if name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" and gpu == SLOW_RANK:
             return 32
         return super().value(name, gpu)
-
-
-class Ranks:
-    """Eight ranks of one synchronous job: rank r on GPU r, each step STEP_S long, the slow rank's
-    compute SLOWDOWN longer and the others' comm (the wait for it) that much longer."""
-
-    def __init__(self, socket_path: Path) -> None:
-        self.stop = threading.Event()
-        self.monitors = [StepMonitor(FLOPS_PER_STEP, 4096.0, job_id=JOB_ID, rank=rank, local_rank=rank, gpu=rank,
-                                     socket_path=str(socket_path), min_interval=0.2) for rank in range(RANKS)]
-        self.threads = [threading.Thread(target=self._run, args=(rank,), daemon=True) for rank in range(RANKS)]
-
-    def _run(self, rank: int) -> None:
-        monitor = self.monitors[rank]
-        compute = COMPUTE_S * (1 + SLOWDOWN if rank == SLOW_RANK else 1)
-        while not self.stop.is_set():
-            with monitor.step():
-                with monitor.phase("compute"):
-                    time.sleep(compute)
-                with monitor.phase("comm"):
-                    time.sleep(STEP_S - compute)
-
-    def __enter__(self) -> Ranks:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=5)
-        for monitor in self.monitors:
-            monitor.close()
 
 
 def _agent_config(tmp_path: Path, socket_path: Path) -> Path:
@@ -114,26 +80,20 @@ def mixed(tmp_path_factory):
         try:
             prom.start()
             client = PromClient(prom.url)
-            _wait(lambda: client.query(f'count(node_gpu:flopwatch_gpu_up:max{{node="{NODE}"}} == 1) == 8'),
-                  "dcgm-exporter's GPUs")
-            with Ranks(socket_path):
+            wait_for(lambda: client.query(f'count(node_gpu:flopwatch_gpu_up:max{{node="{NODE}"}} == 1) == 8'),
+                     DEADLINE_S, "dcgm-exporter's GPUs")
+            with RankThreads(socket_path, JOB_ID, RANKS, STEP_S, FLOPS_PER_STEP, 4096.0,
+                             lambda rank: COMPUTE_S * (1 + SLOWDOWN if rank == SLOW_RANK else 1)):
                 yield client
         finally:
             prom.stop()
-
-
-def _wait(condition, what: str, deadline_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(2)
 
 
 def test_the_agent_exports_no_gpu_telemetry(mixed) -> None:
     """The GPU collector is off: the agent's only GPU series is the job attribution, and the canonical
     records hold each of dcgm-exporter's 8 GPUs once."""
     client = mixed
-    _wait(lambda: client.query(f'flopwatch_train_steps_total{{job_id="{JOB_ID}"}}'), "the ranks' steps")
+    wait_for(lambda: client.query(f'flopwatch_train_steps_total{{job_id="{JOB_ID}"}}'), DEADLINE_S, "the ranks' steps")
     names = {s.labels["__name__"] for s in client.query('{__name__=~"flopwatch_gpu_.+", job="flopwatch"}')}
     assert names == {"flopwatch_gpu_job_info"}
     assert client.query(f'count(node_gpu:flopwatch_gpu_up:max{{node="{NODE}"}})')[0].value == 8
@@ -145,10 +105,10 @@ def test_job_mfu_over_dcgm_exporter_gpus(mixed) -> None:
     40% at exactly STEP_S per step, a little less as sleeps overrun."""
     client = mixed
     query = f'job_id:flopwatch_mfu:ratio{{job_id="{JOB_ID}"}}'
-    _wait(lambda: client.query(query), query)
+    wait_for(lambda: client.query(query), DEADLINE_S, query)
     peak = client.query(f'job_id:flopwatch_peak_flops:sum{{job_id="{JOB_ID}"}}')[0].value
     assert peak == pytest.approx(RANKS * H100_BF16)
-    _wait(lambda: 0.30 < client.query(query)[0].value <= 0.401, f"{query} near 0.40")
+    wait_for(lambda: 0.30 < client.query(query)[0].value <= 0.401, DEADLINE_S, f"{query} near 0.40")
 
 
 def test_goodput_counts_the_wait_for_the_straggler(mixed) -> None:
@@ -175,7 +135,7 @@ def test_goodput_counts_the_wait_for_the_straggler(mixed) -> None:
         goodput, badput = found
         return abs(badput["straggler"] / (goodput + badput["straggler"]) - expected) < 0.025
 
-    _wait(settled, f"the straggler's share of stepping time near {expected:.3f}")
+    wait_for(settled, DEADLINE_S, f"the straggler's share of stepping time near {expected:.3f}")
     goodput, badput = figures()
     assert goodput + sum(badput.values()) == pytest.approx(1.0, abs=0.02)
     assert badput["data"] == badput["checkpoint"] == 0
@@ -184,7 +144,7 @@ def test_goodput_counts_the_wait_for_the_straggler(mixed) -> None:
 def test_straggler_page_names_node_gpu_rank_and_the_dcgm_cause(mixed) -> None:
     client = mixed
     query = f'ALERTS{{alertname="FlopWatchStraggler", alertstate="firing", job_id="{JOB_ID}"}}'
-    _wait(lambda: client.query(query), "FlopWatchStraggler")
+    wait_for(lambda: client.query(query), DEADLINE_S, "FlopWatchStraggler")
     pages = [sample.labels for sample in client.query(query)]
     assert [(p["node"], p["gpu"], p["rank"], p["cause"], p["severity"]) for p in pages] == [
         (NODE, str(SLOW_RANK), str(SLOW_RANK), "thermal", "page")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,22 @@ def test_the_demo_report_is_within_one_percent_of_the_truth(demo):
     energy = float(next(iter(rows(out / "energy_by_cluster.csv", "cluster").values()))["kwh"])
     close("energy", energy, truth["energy_joules"] / 3.6e6)
     print("demo report against the truth:", {k: f"{100 * v:.3f}%" for k, v in errors.items()})
+
+
+def test_the_demo_summarizes_its_straggler_and_leaves_no_process(demo):
+    """What the demo prints: the injected straggler, the job's MFU, the report; and the demo's own
+    Prometheus and Alertmanager (by the addresses it printed) are gone after it."""
+    out, _, stderr = demo
+    assert "injected thermal_throttle on node0003 GPU 5 (job llm-8b)" in stderr
+    assert "job llm-8b: MFU" in stderr
+    assert "node0003" in stderr  # the straggler table names the injected node
+    report = re.search(r"report: (\S+report\.html)", stderr)
+    assert report and Path(report.group(1)) == out / "report.html", stderr[-2000:]
+    html = Path(report.group(1)).read_text()
+    assert "llm-8b" in html and "<svg" in html
+    addresses = re.findall(r"(?:Prometheus|Alertmanager)\s+http://(127\.0\.0\.1:\d+)", stderr)
+    assert len(set(addresses)) == 2, stderr[:2000]
+    for address in set(addresses):
+        left = subprocess.run(["pgrep", "-f", f"listen-address={address}"], capture_output=True, text=True,
+                              check=False).stdout
+        assert not left.strip(), f"the demo left the server on {address} running"

@@ -1,16 +1,13 @@
-"""A real Prometheus scrapes a 64-node simulated fleet through file_sd; the demo runs end to end."""
+"""A real Prometheus scrapes a 64-node simulated fleet through file_sd (the demo end to end is
+tests/integration/test_report_demo.py)."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet
@@ -33,15 +30,6 @@ def fleet_scenario(nodes: int) -> dict:
         "faults": [{"kind": "thermal_throttle", "node": 7, "gpu": 2, "start": "0s", "slowdown": 0.1}],
     }
 
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_prometheus_scrapes_64_simulated_nodes_via_file_sd(tmp_path):
@@ -83,25 +71,3 @@ def test_prometheus_scrapes_64_simulated_nodes_via_file_sd(tmp_path):
         ticker.join(10)
         prom.stop()
         server.stop()
-
-
-def test_demo_runs_and_leaves_no_process():
-    env = {**os.environ, "COLUMNS": "120"}
-    result = subprocess.run([sys.executable, "-m", "flopwatch", "demo", "--duration", "60"], env=env,
-                            capture_output=True, text=True, timeout=180, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "demo summary" in result.stderr
-    assert "injected thermal_throttle on node0003 GPU 5 (job llm-8b)" in result.stderr
-    assert "job llm-8b: MFU" in result.stderr
-    assert "node0003" in result.stderr  # the straggler table names the injected node
-    report = re.search(r"report: (\S+report\.html)", result.stderr)
-    assert report, result.stderr[-2000:]
-    html = Path(report.group(1)).read_text()
-    assert "llm-8b" in html and "<svg" in html
-    # the demo's own servers (by the addresses it printed) are gone
-    addresses = re.findall(r"(?:Prometheus|Alertmanager)\s+http://(127\.0\.0\.1:\d+)", result.stderr)
-    assert len(set(addresses)) == 2, result.stderr[:2000]
-    for address in set(addresses):
-        left = subprocess.run(["pgrep", "-f", f"listen-address={address}"], capture_output=True, text=True,
-                              check=False).stdout
-        assert not left.strip(), f"the demo left the server on {address} running"
