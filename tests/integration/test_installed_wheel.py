@@ -102,6 +102,20 @@ def test_dashboards_build_writes_the_committed_json(installed):
         assert (work / "built" / name).read_bytes() == (ROOT / "dashboards" / name).read_bytes(), name
 
 
+def test_rules_build_from_the_wheel_writes_the_committed_alerts(installed):
+    """The templates and defaults travel in the wheel: the installed `flopwatch rules build` writes the
+    repository's alerts/ (rule files, tests, Alertmanager files) and dashboards/, byte for byte."""
+    bin_dir, env, work, _ = installed
+    run([str(bin_dir / "flopwatch"), "rules", "build", "--out", "mixin/alerts"], work, env, 120)
+    built = sorted(str(p.relative_to(work / "mixin" / "alerts")) for p in (work / "mixin" / "alerts").rglob("*")
+                   if p.is_file())
+    assert len(built) >= 20
+    for name in built:
+        assert (work / "mixin" / "alerts" / name).read_bytes() == (ROOT / "alerts" / name).read_bytes(), name
+    assert sorted(p.name for p in (work / "mixin" / "dashboards").glob("*.json")) == \
+        sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
+
+
 def test_bench_detect_quick_runs_on_the_packaged_rules_and_suite(installed):
     bin_dir, env, work, site = installed
     run([str(bin_dir / "flopwatch"), "bench", "detect", "--quick", "--json", "detect.json"], work, env, 300)
