@@ -65,6 +65,7 @@ def rules(root: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_override_rules_pass_promtool_and_their_tests(built: Path) -> None:
     promtool = tool("promtool", "prometheus")
     check = subprocess.run([promtool, "check", "rules", *map(str, rule_files(built))], capture_output=True,
