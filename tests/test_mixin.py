@@ -164,3 +164,14 @@ def test_every_setting_is_documented_with_its_default() -> None:
     for key, value in _flat(as_dict(MixinConfig())):
         shown = '`""`' if value == "" else f"`{render.number(value) if isinstance(value, float) else value}`"
         assert f"| `{key}` | {shown}" in text, f"docs/configuration.md: no row for {key} with its default {shown}"
+
+
+def test_rules_defaults_prints_a_file_that_loads_as_the_defaults(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["rules", "defaults"]) == 0
+    path = tmp_path / "fw.yml"
+    path.write_text(capsys.readouterr().out.replace("dtype: bf16", "dtype: fp8"))
+    assert load(path) == dataclasses.replace(MixinConfig(), dtype="fp8")
+    monkeypatch.setenv("FLOPWATCH_RULES_CONFIG", str(path))         # the environment names the file
+    assert main(["rules", "build", "--out", str(tmp_path / "alerts")]) == 0
+    assert 'dtype="fp8"' in (tmp_path / "alerts" / "flopwatch-mfu.yml").read_text()

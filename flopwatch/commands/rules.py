@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from flopwatch.errors import EXIT_USAGE, RuntimeFailure, UsageError
 from flopwatch.logs import setup_logging
 
 log = logging.getLogger("flopwatch.rules")
+#: The settings file when --config is not given.
+CONFIG_ENV = "FLOPWATCH_RULES_CONFIG"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "flopwatch/mixin/defaults.yml; docs/configuration.md lists them) into --out (rule files, tests/, "
         "alertmanager.yml, templates/) and --dashboards. With the defaults the output is the shipped "
         "alerts/ and dashboards/.")
-    build.add_argument("--config", metavar="FILE", help="YAML settings overriding the defaults")
+    build.add_argument("--config", metavar="FILE", default=os.environ.get(CONFIG_ENV) or None,
+                       help=f"YAML settings overriding the defaults (else ${CONFIG_ENV}, else the defaults)")
     build.add_argument("--out", required=True, metavar="DIR", help="the rules folder to write, e.g. alerts")
     build.add_argument("--dashboards", metavar="DIR",
                        help="where the dashboards go (default: dashboards/ beside --out)")
@@ -31,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="write nothing; exit 1 if the files there differ from what the build writes")
     build.add_argument("--log-level", default="info", help="debug, info, warning or error")
     build.set_defaults(handler=run_build)
+
+    defaults = actions.add_parser(
+        "defaults", help="print every setting with its default (a starting point for --config)",
+        description="Write flopwatch/mixin/defaults.yml, every setting with its default and a comment, to "
+        "stdout: `flopwatch rules defaults > my-flopwatch.yml`, then keep the keys you change.")
+    defaults.set_defaults(handler=run_defaults)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -63,4 +73,11 @@ def run_build(args: argparse.Namespace) -> int:
     except OSError as error:
         raise RuntimeFailure(f"cannot write {error.filename}: {error.strerror}") from None
     log.info("wrote %d files to %s and %s", len(written), rules_dir, dashboards_dir)
+    return 0
+
+
+def run_defaults(args: argparse.Namespace) -> int:
+    from flopwatch.mixin.build import DEFAULTS
+
+    sys.stdout.write(DEFAULTS.read_text(encoding="utf-8"))
     return 0

@@ -17,6 +17,8 @@ from flopwatch.mixin import render
 from flopwatch.mixin.config import MixinConfig
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: Every setting with its default and what it does (the defaults of config.py, written out).
+DEFAULTS = Path(__file__).resolve().parent / "defaults.yml"
 #: Template subfolder -> (glob, comment style of the header), relative to the rules folder.
 KINDS = {".": ("*.yml", "#"), "tests": ("*.yml", "#"), "templates": ("*.tmpl", "go")}
 #: Files whose own generator writes a header of its own (kept: it names the generator to edit).
