@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,10 @@ class _RateCounter:
 class DcgmBackend(GpuBackend):
     name = "dcgm"
 
-    def __init__(self, options: GpuOptions, nvml: Any = None, bindings: dict[str, Any] | None = None) -> None:
+    def __init__(self, options: GpuOptions, nvml: Any = None, bindings: dict[str, Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.options = options
+        self.clock = clock          # integrates DCGM's byte rates into counters
         self.nvml_backend = NvmlBackend(options, nvml, gpm=False)
         self.bindings = bindings
         self.reconnect_s = RECONNECT_S
@@ -206,7 +209,7 @@ class DcgmBackend(GpuBackend):
         for attribute, field_id in RATIO_FIELDS.items():
             if values.get(field_id) is not None:
                 setattr(reading, attribute, min(1.0, max(0.0, float(values[field_id]))))
-        now = time.monotonic()
+        now = self.clock()
         if reading.pcie_tx_bytes is None:
             reading.pcie_tx_bytes = self._integrate(index, "pcie_tx", values.get(PCIE_TX), now)
         if reading.pcie_rx_bytes is None:
