@@ -18,6 +18,7 @@ from backend_rig import BackendRig
 from fakes import fake_dcgm
 from fakes.fake_dcgm import FakeHostEngine
 from fakes.fake_pynvml import FakeNvml, a100, h100
+from helpers import wait_for
 
 from flopwatch import __version__
 from flopwatch import config as cfg
@@ -99,7 +100,7 @@ def test_nvml_byte_counters_win_over_dcgm_rates(rigs):
     engine = FakeHostEngine({0: h100(0).uuid}, values={0: {PCIE_TX: 5e9, NVLINK_TX: 9e10}})
     rig = rigs([h100(0)], engine)
     rig.collect()
-    time.sleep(0.05)
+    rig.backend.clock = lambda: time.monotonic() + 60    # a minute of DCGM rates that must not count
     rig.collect()
     assert rig.value("flopwatch_gpu_pcie_bytes_total", gpu="0", direction="tx") == 7_000_000_123
     assert rig.value("flopwatch_gpu_nvlink_bytes_total", gpu="0", link="all", direction="tx") is None
@@ -145,9 +146,7 @@ def test_host_engine_loss_keeps_gpus_up_and_reconnects(rigs, caplog):
     engine.start()
     rig.backend._retry_at = 0  # skip the reconnect wait
     rig.collect()              # schedules the reconnection in the background, does not wait for it
-    deadline = time.monotonic() + 3
-    while engine.connections == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: engine.connections, 5, "the background reconnection")
     rig.collect()
     assert rig.value("flopwatch_gpu_tensor_active_ratio", gpu="0") == pytest.approx(0.4)
     assert rig.value("flopwatch_gpu_tensor_active_ratio", gpu="1") == pytest.approx(0.6)
@@ -219,9 +218,7 @@ def test_lost_gpu_and_xids_go_through_the_composed_nvml_backend(rigs):
     assert rig.value("flopwatch_gpu_up", gpu="1") == 1
     rig.nvml.restore(0)
     rig.collector.states[0].retry_at = 0
-    deadline = time.monotonic() + 3
-    while rig.backend.xid_counts() != {(0, 79): 1} and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: rig.backend.xid_counts() == {(0, 79): 1}, 5, "XID 79 of GPU 0 to be counted")
     rig.collect()
     assert rig.value("flopwatch_gpu_up", gpu="0") == 1
     assert rig.value("flopwatch_gpu_xid_errors_total", gpu="0", xid="79") == 1
