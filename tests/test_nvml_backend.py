@@ -297,9 +297,8 @@ def test_xid_registration_not_supported_on_one_gpu_is_logged_once_and_others_cou
 def test_a_hanging_read_is_bounded_by_the_timeout_and_does_not_delay_other_gpus(rigs):
     rig = rigs([h100(0), h100(1), h100(2)], **{"gpu.timeout": 0.2})
     rig.nvml.hang(1, "nvmlDeviceGetPowerUsage", 10)
-    started = time.monotonic()
     rig.collect()
-    assert time.monotonic() - started < 1.0
+    assert rig.nvml.hanging == 1      # collect() returned while GPU 1's read was still blocked
     assert rig.value("flopwatch_gpu_up", gpu="1") == 0
     assert rig.value("flopwatch_gpu_read_errors_total", gpu="1", error="timeout") == 1
     assert rig.value("flopwatch_gpu_up", gpu="0") == rig.value("flopwatch_gpu_up", gpu="2") == 1

@@ -124,6 +124,7 @@ class FakeNvml:
         self.calls: Counter[str] = Counter()
         self.lost: set[int] = set()
         self.release = threading.Event()            # ends every injected hang
+        self.hanging = 0                            # calls blocked in an injected hang right now
         self._lock = threading.Lock()
         self._initialized = 0
         self._driver_epoch = 0
@@ -203,7 +204,13 @@ class FakeNvml:
         if function in gpu.not_supported:
             raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
         if function in gpu.hangs:
-            self.release.wait(gpu.hangs[function])
+            with self._lock:
+                self.hanging += 1
+            try:
+                self.release.wait(gpu.hangs[function])
+            finally:
+                with self._lock:
+                    self.hanging -= 1
         return gpu
 
     # -- library -------------------------------------------------------------------------------
