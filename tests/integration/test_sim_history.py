@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers import wait_for
 
 from flopwatch.promql import PromClient
 from flopwatch.sim import history
@@ -35,10 +36,8 @@ def test_exported_history_reads_back_from_victoria_metrics(tmp_path):
         client = PromClient(vm.url)
         end = fleet.now_unix
         # imported rows become searchable shortly after the flush: wait for every GPU's last sample
-        deadline = time.monotonic() + 60
-        while sum(s.value for s in client.query("count(flopwatch_gpu_up)", at=end)) < 32:
-            assert time.monotonic() < deadline, "VictoriaMetrics never showed the imported GPUs"
-            time.sleep(0.5)
+        wait_for(lambda: sum(s.value for s in client.query("count(flopwatch_gpu_up)", at=end)) >= 32, 60,
+                 "VictoriaMetrics to show the imported GPUs")
         # the job ended at 2h; its step series expire 5 minutes later, like the intake's
         after_job = start + 2 * 3600 + 120
         steps = client.query('sum(flopwatch_train_steps_total{job_id="j"})', at=after_job)[0].value

@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from helpers import wait_for
 
 from flopwatch.promql import PromClient, PromError
 from flopwatch.stack import Alertmanager, MissingBinary, NodeExporter, Prometheus, VictoriaMetrics, free_port
@@ -94,10 +94,7 @@ def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path):
     """)
     log = (tmp_path / "child.log").open("w+")
     child = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() or not pid_file.read_text():
-        assert time.monotonic() < deadline, "child never started Prometheus"
-        time.sleep(0.1)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the child to start Prometheus")
     server_pid = int(pid_file.read_text())
     assert alive(server_pid)
     child.send_signal(signal.SIGINT)
@@ -108,7 +105,4 @@ def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path):
         child.kill()
         log.seek(0)
         pytest.fail(f"the interrupted program did not exit within 45 s; it printed:\n{log.read()[-3000:]}")
-    deadline = time.monotonic() + 10
-    while alive(server_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(server_pid)
+    wait_for(lambda: not alive(server_pid), 10, "the child's Prometheus to exit")
