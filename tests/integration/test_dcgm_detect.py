@@ -4,6 +4,10 @@ rules in a real Prometheus (flopwatch/detect/engine.py). DCGM, GPUs and NICs are
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from flopwatch import resources
@@ -39,8 +43,35 @@ def test_faults_behind_dcgm_exporter_are_named_by_the_shipped_rules():
 
 
 def test_a_healthy_fleet_behind_dcgm_exporter_stays_silent_and_gets_goodput():
-    score, result = run_scenario(parse(small("dcgm", [])), resources.folder("alerts"))
+    _, result = run_scenario(parse(small("dcgm", [])), resources.folder("alerts"))
     assert result.episodes == []
     goodput = [values for labels, _, values in result.observed.get("job_id:flopwatch_goodput:ratio", [])
                if labels.get("job_id") == "4242"]
     assert goodput and goodput[0][-1] > 0.5            # allocated GPUs from hpc_job: goodput exists
+
+
+def test_the_cli_runs_a_suite_under_both_exporters_and_compares_them(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    scenario = small("agent", FAULTS[:1])
+    scenario["duration"] = "8m"
+    (suite / "one.yml").write_text(json.dumps(scenario))
+    out = tmp_path / "report.json"
+    answer = subprocess.run([sys.executable, "-m", "flopwatch", "bench", "detect", "--scenarios", str(suite),
+                             "--exporter", "agent,dcgm-default", "--json", str(out)],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert answer.returncode == 0, answer.stderr
+    report = json.loads(out.read_text())
+    assert set(report) == {"agent", "dcgm-default"}
+    assert report["agent"]["summary"]["detected"] == report["dcgm-default"]["summary"]["detected"] == 1
+    # the same fault, found by its rank's steps either way; only the agent's clock-event reason names it
+    assert report["agent"]["summary"]["cause_accuracy"] == 1.0
+    assert report["dcgm-default"]["summary"]["cause_accuracy"] == 0.0
+    assert "By exporter" in answer.stdout and "dcgm-default" in answer.stdout
+
+
+def test_an_unknown_exporter_is_one_line_and_exit_2(tmp_path):
+    answer = subprocess.run([sys.executable, "-m", "flopwatch", "bench", "detect", "--exporter", "nvidia-smi"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert answer.returncode == 2
+    assert answer.stderr.strip().count("\n") == 0 and "--exporter" in answer.stderr
