@@ -13,8 +13,8 @@ import numpy as np
 
 from flopwatch.catalog import gpu, train
 from flopwatch.promql import PromClient, PromError
+from flopwatch.report import fabric, recommend, reliability, render, sections, steptime
 from flopwatch.report import incidents as inc
-from flopwatch.report import recommend, reliability, render, sections, steptime
 from flopwatch.report.compute import compute
 from flopwatch.report.energy import energy as energy_section
 from flopwatch.report.facts import Facts
@@ -63,7 +63,7 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
     promql = QueryBuilder(settings, window, grid, spacing)
     first = [*promql.range_queries(), *promql.counter_queries(), *promql.total_queries(window),
              *promql.hardware_candidates(), promql.straggler_arrivals(), *promql.step_time_queries(),
-             *reliability.queries(promql)]
+             *reliability.queries(promql), *fabric.queries(promql)]
     if probe.scalar("probe_prev"):
         previous = window.previous()
         first += promql.total_queries(previous, prefix="prev_")
@@ -101,7 +101,7 @@ def build(prometheus: str, window: Window, settings: ReportSettings, progress: P
         reliability.section(reliability.compute(results, facts, label), errors),
         steptime.section(step_times, errors),
         sections.stragglers(stragglers, _method(alerts, grid, settings), errors),
-        hardware_section(hardware, lemons, errors),
+        hardware_section(hardware, lemons, errors, fabric.lemons(results, grid, label)),
         energy_section(facts, settings, errors),
     ]
     _summary_first(report.sections)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flopwatch import xid as xid_table
+from flopwatch.report.fabric import QUERY_NAMES as FABRIC_QUERIES
+from flopwatch.report.fabric import FabricLemons
+from flopwatch.report.fabric import tables as fabric_tables
 from flopwatch.report.incidents import KIND_NAMES, Incident, Lemon
 from flopwatch.report.model import Chart, Column, Figure, Section, Table
 from flopwatch.report.sections import cluster_name, failed_notes
@@ -12,20 +15,25 @@ from flopwatch.report.sections import cluster_name, failed_notes
 HARDWARE_KINDS = {kind: name for kind, name in KIND_NAMES.items() if kind != "straggler"}
 
 
-def hardware(incidents: list[Incident], lemons: list[Lemon], errors: dict[str, str]) -> Section:
+def hardware(incidents: list[Incident], lemons: list[Lemon], errors: dict[str, str],
+             fabric: FabricLemons | None = None) -> Section:
     section = Section("hardware", "Hardware incidents and lemon nodes",
                       intro="XIDs by code, lost GPUs, uncorrectable ECC errors, NVLink and InfiniBand error bursts "
                             "and PCIe downgrades. A lemon node had incidents on separate occasions (more than an "
                             "hour apart), stragglers included.")
     by_code = _xids_by_code(incidents)
-    section.tables = [_hardware_by_kind(incidents), by_code, _hardware_incidents(incidents), _lemon_nodes(lemons)]
+    fabric = fabric or FabricLemons()
+    section.tables = [_hardware_by_kind(incidents), by_code, _hardware_incidents(incidents), _lemon_nodes(lemons),
+                      *fabric_tables(fabric)]
     if by_code.rows:
         section.charts.append(Chart("xids_by_code", "XID events by code", "bar", "int",
                                     bars=[(f"XID {r['xid']}", float(r["events"])) for r in by_code.rows]))
     section.figures = [Figure("Hardware incidents", len(incidents), "int"), Figure("Lemon nodes", len(lemons), "int")]
+    if fabric.seen:
+        section.figures.append(Figure("Lemon switches", len(fabric.switches), "int"))
     section.notes += failed_notes(errors, ("xid", "ecc", "lost", "nvlink_bad", "ib_bad", "ib_down", "pcie_bad",
                                            "lost_candidates", "nvlink_candidates", "ib_candidates",
-                                           "pcie_candidates", "ecc_candidates"))
+                                           "pcie_candidates", "ecc_candidates", *FABRIC_QUERIES))
     return section
 
 
