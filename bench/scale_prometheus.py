@@ -22,7 +22,9 @@ Three parts, each measured, none estimated:
   machine Prometheus skips them), which depends far less on what else runs than wall time does.
   `--exporter agent,dcgm` measures the same fleet twice in one run, its GPUs served by FlopWatch's
   agent and then by dcgm-exporter (beside an agent for steps, NICs and host), and reports the
-  dcgm-exporter figures as ratios of the agent's.
+  dcgm-exporter figures as ratios of the agent's. `--fabric` gives the fleet a rail-optimised
+  topology (16 nodes per leaf group, one leaf per NIC rail, 4 spines) that its agents serve, so
+  the fabric rules (alerts/flopwatch-fabric.yml) run on topology info as on a real site.
 """
 
 from __future__ import annotations
@@ -50,10 +52,11 @@ from flopwatch.promql import PromClient
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
-from flopwatch.sim.scenario import EXPORTERS
+from flopwatch.sim.scenario import EXPORTERS, node_name
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
 from flopwatch.stack.process import require_binary
+from flopwatch.topology.model import Fabric
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_FILES = sorted(ROOT.glob("alerts/flopwatch-*.yml"))
@@ -203,13 +206,18 @@ def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict
 
 
 def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None,
-                     rule_files: list[Path] = RULE_FILES, exporter: str = "agent") -> dict[str, object]:
+                     rule_files: list[Path] = RULE_FILES, exporter: str = "agent",
+                     fabric: bool = False) -> dict[str, object]:
     """Phase 1 scrapes only; phase 2 reloads with every rule file. Rule CPU = phase 2's Prometheus
     CPU minus phase 1's, per evaluation actually run (a starved Prometheus skips iterations)."""
     if not rule_files:
         raise SystemExit("no rule files (flopwatch-*.yml) in the rules folder")
     scenario = fleet_scenario(nodes, interval)
     scenario = dataclasses.replace(scenario, fleet=dataclasses.replace(scenario.fleet, exporter=exporter))
+    if fabric:
+        names = [node_name(i) for i in range(nodes)]
+        scenario = dataclasses.replace(scenario, fabric=Fabric.rail_optimised(
+            names, scenario.fleet.nics_per_node, nodes_per_leaf_group=16, spines=4))
     fleet = Fleet(scenario, start_unix=time.time())
     targets_expected = nodes * (1 if exporter == "agent" else 2)
     server = FleetServer(fleet)
@@ -361,6 +369,8 @@ def main() -> None:
     parser.add_argument("--exporter", default="agent", metavar="NAMES",
                         help="agent, dcgm or dcgm-default, or a comma list measured one after the other in this "
                         "run (the first is the reference the others' ratios divide by)")
+    parser.add_argument("--fabric", action="store_true",
+                        help="serve a rail-optimised topology (16 nodes per leaf group, 4 spines) from the agents")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     exporters = [name.strip() for name in args.exporter.split(",") if name.strip()]
@@ -373,7 +383,8 @@ def main() -> None:
         rules = sorted(args.rules.resolve().glob("flopwatch-*.yml"))
         for exporter in exporters:
             section = "serve" if exporter == exporters[0] else f"serve_{exporter}"
-            results[section] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick, rules, exporter)
+            results[section] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick, rules, exporter,
+                                                args.fabric)
         for exporter in exporters[1:]:
             results[f"ratio_{exporter}_to_{exporters[0]}"] = ratios(results[f"serve_{exporter}"], results["serve"])
     for section, values in results.items():
