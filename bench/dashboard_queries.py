@@ -20,18 +20,13 @@ import json
 import os
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
+from bench.fleet_prometheus import scraped_fleet
 from bench.sim_capacity import fleet_scenario
 from flopwatch import dashboards
 from flopwatch.promql import PromClient
-from flopwatch.sim.fleet import Fleet
-from flopwatch.sim.serve import FleetServer
-from flopwatch.stack import Prometheus
-from flopwatch.stack.servers import scrape_job
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_FILES = sorted(p for p in (ROOT / "alerts").glob("*.yml") if p.name != "alertmanager.yml")
@@ -47,6 +42,7 @@ def selections(job_id: str, node: str) -> dict[str, dict[str, str]]:
         "flopwatch-node": {"node": node, "gpu": ".*"},
         "flopwatch-network": {"node": ".*"},
         "flopwatch-reliability": {"job_id": ".*", "node": ".*"},
+        "flopwatch-fabric": {"level": ".*", "switch": ".*"},
     }
 
 
@@ -94,24 +90,8 @@ def measure(client: PromClient, start: float, end: float, rounds: int, job_id: s
 
 def run(nodes: int, warmup: float, rounds: int) -> dict:
     scenario = fleet_scenario(nodes)
-    fleet = Fleet(scenario, start_unix=time.time())
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
-    targets = server.write_file_sd(Path(tempfile.mkdtemp(prefix="flopwatch-bench-")) / "targets.json")
-    prom = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}],
-                      rule_files=RULE_FILES, scrape_interval="5s", evaluation_interval="15s")
-    prom.config["scrape_configs"].append(scrape_job("prometheus", [f"{prom.host}:{prom.port}"]))
-    try:
-        prom.start(timeout=60)
-        ticker.start()
-        client = PromClient(prom.url, timeout=120)
-        deadline = time.monotonic() + 300
-        while (client.scalar('count(up{job="sim"} == 1)') or 0) < nodes:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"not all {nodes} targets came up within 300 s")
-            time.sleep(2)
+    with scraped_fleet(scenario, rule_files=RULE_FILES) as scraped:
+        client = scraped.client
         start = time.time()
         time.sleep(warmup)
         end = time.time()
@@ -124,11 +104,6 @@ def run(nodes: int, warmup: float, rounds: int) -> dict:
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         })
         return result
-    finally:
-        stop.set()
-        ticker.join(30)
-        prom.stop()
-        server.stop()
 
 
 def main() -> None:

@@ -16,19 +16,16 @@ import json
 import os
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
-from flopwatch.promql import PromClient
+from bench.fleet_prometheus import scraped_fleet
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario, parse
 from flopwatch.sim.serve import FleetServer
-from flopwatch.stack import Prometheus
-from flopwatch.stack.servers import scrape_job
 
 MODEL_8B = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
 MODEL_70B = {"params": 70e9, "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 4096}
@@ -57,25 +54,8 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 def serve_capacity(nodes: int, seconds: float) -> dict[str, float]:
     scenario = fleet_scenario(nodes)
-    fleet = Fleet(scenario, start_unix=time.time())
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
-    workdir = Path(tempfile.mkdtemp(prefix="flopwatch-bench-"))
-    targets = server.write_file_sd(workdir / "targets.json")
-    prom = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}],
-                      scrape_interval="5s", evaluation_interval="5s")
-    prom.config["scrape_configs"].append(scrape_job("prometheus", [f"{prom.host}:{prom.port}"]))
-    try:
-        prom.start(timeout=60)
-        ticker.start()
-        client = PromClient(prom.url, timeout=60)
-        deadline = time.monotonic() + 180
-        while (client.scalar('count(up{job="sim"} == 1)') or 0) < nodes:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"not all {nodes} targets came up within 180 s")
-            time.sleep(2)
+    with scraped_fleet(scenario, evaluation_interval="5s", up_within=180, query_timeout=60) as scraped:
+        server, prom, client = scraped.server, scraped.prometheus, scraped.client
         time.sleep(15)  # let the first full scrape round land
         me, prom_proc = psutil.Process(), psutil.Process(prom.proc.pid)
         cpu0, pcpu0, wall0 = cpu_seconds(me), cpu_seconds(prom_proc), time.monotonic()
@@ -102,11 +82,6 @@ def serve_capacity(nodes: int, seconds: float) -> dict[str, float]:
             "scrape_duration_max_s": round(client.scalar(slowest), 4),
         }
         return result
-    finally:
-        stop.set()
-        ticker.join(30)
-        prom.stop()
-        server.stop()
 
 
 def per_node_cost(nodes: int, ticks: int = 5) -> dict[str, float]:
