@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 
-from flopwatch.errors import EXIT_USAGE, RuntimeFailure, UsageError
+from flopwatch.commands import actions as sub_actions
+from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.logs import setup_logging
 
 log = logging.getLogger("flopwatch.dashboards")
@@ -20,8 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from flopwatch.dashboards.common import DOCS_URL
     from flopwatch.dashboards.push import DEFAULT_FOLDER
 
-    parser.set_defaults(handler=lambda args: _usage(parser))
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions = sub_actions(parser)
     build = actions.add_parser(
         "build", help="write dashboards/*.json from the code",
         description="Generate the Grafana dashboards (fleet, job, node, network, reliability) as JSON files "
@@ -49,11 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="per-request timeout (default 10)")
     push.add_argument("--log-level", default="info", help="debug, info, warning or error")
     push.set_defaults(handler=run_push)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return EXIT_USAGE
 
 
 def run_build(args: argparse.Namespace) -> int:

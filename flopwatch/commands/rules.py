@@ -9,7 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from flopwatch.errors import EXIT_USAGE, RuntimeFailure, UsageError
+from flopwatch.commands import actions as sub_actions
+from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.logs import setup_logging
 
 log = logging.getLogger("flopwatch.rules")
@@ -18,8 +19,7 @@ CONFIG_ENV = "FLOPWATCH_RULES_CONFIG"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(handler=lambda args: _usage(parser))
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions = sub_actions(parser)
     build = actions.add_parser(
         "build", help="write rules, Alertmanager files and dashboards from the templates and --config",
         description="Render flopwatch/mixin/templates with the settings of --config (any subset of "
@@ -41,11 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Write flopwatch/mixin/defaults.yml, every setting with its default and a comment, to "
         "stdout: `flopwatch rules defaults > my-flopwatch.yml`, then keep the keys you change.")
     defaults.set_defaults(handler=run_defaults)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return EXIT_USAGE
 
 
 def run_build(args: argparse.Namespace) -> int:
