@@ -1,4 +1,4 @@
-"""A real 2-rank PyTorch DDP job (CPU torch, gloo on loopback) that checkpoints every 10 steps, loses
+"""A real 2-rank PyTorch DDP job (CPU torch, gloo on loopback) that checkpoints every 20 steps, loses
 a rank (SIGKILL), is torn down and restarted from its last checkpoint, reported through the real
 client and PyTorch integration (its iteration is Adam's restored step count) to a real `flopwatch
 agent`, whose Slurm mapping gives it the two GPUs, and evaluated by a real Prometheus running the
@@ -38,7 +38,7 @@ RULES = [ROOT / "alerts" / name for name in ("flopwatch-gpu.yml", "flopwatch-goo
                                              "flopwatch-interruptions.yml")]
 SPEEDUP = 20
 JOB_ID = "ddp-restart"
-RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 10, 65, 140
+RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 20, 75, 140
 STALL_S = 10.0
 RATE_WINDOW_S = 300 / SPEEDUP          # the rules' 5-minute windows
 
