@@ -72,3 +72,20 @@ def test_queries_read_the_rules_and_rank_zeros_saves():
     assert "count_over_time(job_id_cause:flopwatch_interruptions:started[" in exprs["int_onsets"]
     assert 'kind="save", rank="0"' in exprs["ckpt_saves"] and "changes(" in exprs["ckpt_saves"]
     assert set(exprs) == set(reliability.QUERY_NAMES)
+
+
+def test_lost_progress_is_a_badput_cause_taken_out_of_goodput():
+    """The rules say 5% of job a's allocated time redid steps: that share of its step time is
+    lost_progress, and data, straggler wait and goodput keep only the rest; all still add up to 1."""
+    from tests.test_report_facts import rng
+
+    data = week_results()
+    outcome = rng("job_lost_progress", [(A, [0.05] * 4)])
+    data.outcomes[outcome.query.name] = outcome
+    job = compute(data, SETTINGS, WINDOW, GRID, SPACING).jobs[("", "a")]
+    badput = job.badput()
+    keep = 1 - 0.05 / 0.95                       # its ranks step 95% of the allocated time
+    assert badput["lost_progress"] == pytest.approx(0.05)
+    assert badput["data"] == pytest.approx(0.02 * keep) and badput["straggler"] == pytest.approx(0.01 * keep)
+    assert job.goodput == pytest.approx((0.95 - 0.02 - 0.01) * keep)
+    assert job.goodput + sum(badput.values()) == pytest.approx(1.0)

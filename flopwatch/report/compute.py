@@ -169,9 +169,19 @@ def _add_training(jobs: dict[JobKey, JobFacts], results: Results, label: str, gr
         job.phases = {phase: value for (c, j, phase), value in counters.phases.items() if (c, j) == key}
         job.checkpoint_s = counters.checkpoint.get(key, 0.0)
         job.straggler_wait_s = counters.wait.get(key, 0.0)
+        job.lost_progress_s = _lost_progress(results, label, grid, key, job.gpus_series)
         job.flops_series = counters.flops_buckets.get(key)
         _add_mfu_series(job, grid.step)
     return unattributed
+
+
+def _lost_progress(results: Results, label: str, grid: Grid, key: JobKey, gpus: np.ndarray | None) -> float:
+    """Seconds of steps done again after a restart: the rules' lost-progress share of allocated
+    time per bucket x the GPUs held x the bucket (0 where the rules' results are absent)."""
+    share = results.matrix("job_lost_progress", grid, label, "job_id").get(key)
+    if share is None or gpus is None:
+        return 0.0
+    return float(np.nansum(share * gpus) * grid.step)
 
 
 def _add_mfu_series(job: JobFacts, step: float) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from flopwatch.report.window import Grid, Window
 
-BADPUT_CAUSES = ("data", "checkpoint", "straggler", "restart")
+BADPUT_CAUSES = ("data", "checkpoint", "straggler", "restart", "lost_progress")
 JOULES_PER_KWH = 3.6e6
 
 
@@ -55,6 +55,7 @@ class JobFacts:
     phases: dict[str, float] = field(default_factory=dict)   # rank-seconds per phase
     checkpoint_s: float = 0.0
     straggler_wait_s: float = 0.0
+    lost_progress_s: float = 0.0       # step time spent redoing steps after a restart (the rules' record)
     gpus_series: np.ndarray | None = None    # per bucket: GPUs held, model FLOPs, allocated peak, MFU
     flops_series: np.ndarray | None = None
     peak_series: np.ndarray | None = None
@@ -112,20 +113,28 @@ class JobFacts:
         if not self.instrumented or not self.phases or not self.gpu_seconds:
             return None
         stepping = sum(self.phases.values())
-        alloc = self.gpu_seconds
+        alloc, keep = self.gpu_seconds, 1 - self._replayed_share
         return {
-            "data": self.phases.get("data", 0.0) / alloc,
+            "data": self.phases.get("data", 0.0) * keep / alloc,
             "checkpoint": self.checkpoint_s / alloc,
-            "straggler": self.straggler_wait_s / alloc,
+            "straggler": self.straggler_wait_s * keep / alloc,
             "restart": max(0.0, 1 - (stepping + self.checkpoint_s) / alloc),
+            "lost_progress": stepping * self._replayed_share / alloc,
         }
+
+    @property
+    def _replayed_share(self) -> float:
+        """Share of the step time that redid steps after a restart (as the rules weight it)."""
+        stepping = sum(self.phases.values())
+        return min(1.0, self.lost_progress_s / stepping) if stepping else 0.0
 
     @property
     def goodput(self) -> float | None:
         if not self.instrumented or not self.phases or not self.gpu_seconds:
             return None
         stepping = sum(self.phases.values())
-        return max(0.0, stepping - self.phases.get("data", 0.0) - self.straggler_wait_s) / self.gpu_seconds
+        good = max(0.0, stepping - self.phases.get("data", 0.0) - self.straggler_wait_s)
+        return good * (1 - self._replayed_share) / self.gpu_seconds
 
 
 @dataclass

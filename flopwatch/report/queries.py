@@ -5,7 +5,8 @@ recording-rule results), through one range query per quantity at the grid's step
 per series for a week, each bucket aggregating its own samples: sample counts for time,
 `last_over_time` differences for counters, so the buckets add up exactly). Numerators and
 denominators are aggregated separately and divided afterwards, never averaged ratios. Only the
-share of step time lost, which the rules estimate step by step, is read from their results
+share of step time lost, which the rules estimate step by step, and lost progress (steps done again
+after a restart, which only the rules can tell from new ones) are read from their results
 (`step_time_queries`).
 
 Every aggregation keeps the cluster label (`cluster_label`, absent on a single Prometheus: one
@@ -29,6 +30,9 @@ ALERTS_PIPELINE = 'ALERTS{alertname="FlopWatchPipelineImbalance", alertstate="fi
 STEP_TIME_LOST = "job_id:flopwatch_step_time_lost:ratio"
 STEP_TIME_LOST_BY_CLASS = "job_id_class:flopwatch_step_time_lost:ratio"
 STAGE_IMBALANCE = "job_id_stage:flopwatch_stage_imbalance:ratio"
+#: The rules' share of a job's allocated time spent redoing steps after a restart (the counters
+#: cannot tell a replayed step from a new one; the rules compare the iteration with its high mark).
+LOST_PROGRESS = 'job_id:flopwatch_badput:ratio{cause="lost_progress"}'
 ARRIVAL_PHASES = "data|compute|other"
 IB_ERROR_COUNTERS = "symbol_error|link_error_recovery|port_rcv_errors"
 #: IBTA tolerates 120 symbol errors an hour on a link; NVLink errors alert above 1/s (rules).
@@ -374,6 +378,8 @@ class QueryBuilder:
              f"max by ({self.by('job_id', 'stage')}) (avg_over_time({STAGE_IMBALANCE}[{bucket}]))"),
             ("stage_tickets", "pipeline-stage tickets",
              f"max by ({self.by('job_id', 'stage')}) (max_over_time({ALERTS_PIPELINE}[{bucket}]))"),
+            ("job_lost_progress", "lost progress",
+             f"max by ({self.by('job_id')}) (avg_over_time({LOST_PROGRESS}[{bucket}]))"),
         ]
         return [Query(name, title, expr, "range") for name, title, expr in specs]
 

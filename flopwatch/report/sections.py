@@ -278,8 +278,10 @@ def _mfu_chart(facts: Facts, settings: ReportSettings) -> Chart:
 def goodput(facts: Facts, errors: dict[str, str]) -> Section:
     section = Section("goodput", "Goodput and badput by cause",
                       intro="Goodput: step time less data loading and waiting for stragglers, over allocated GPU "
-                            "time. Badput causes: data loading, checkpoints, straggler waits, and restarts (allocated "
-                            "time in neither steps nor checkpoints: crashes, hangs, lost GPUs, replays not counted).")
+                            "time, without the steps done again after a restart. Badput causes: data loading, "
+                            "checkpoints, straggler waits, restarts (allocated time in neither steps nor checkpoints: "
+                            "crashes, hangs, lost GPUs) and lost progress (steps redone after a restart from an older "
+                            "checkpoint, where the Prometheus evaluated alerts/flopwatch-goodput.yml).")
     table = Table("goodput_by_job", "Per instrumented job", [
         Column("cluster", "Cluster"), Column("job_id", "Job"), Column("gpu_hours", "GPU-hours", "hours"),
         Column("goodput", "Goodput", "pct"), *[Column(c, f"Badput: {c}", "pct") for c in BADPUT_CAUSES],

@@ -37,7 +37,8 @@ SCENARIO = {
               "model": LLAMA_8B, "step_jitter": 0.02, "checkpoint_every": "10m", "checkpoint_seconds": SAVE_S}],
     "failures": {"preset": "llama3", "rate_scale": 6000, "detect": "1m", "restart": "4m"},
 }
-RECORDED = ("job_id:flopwatch_ettr:ratio", "job_id:flopwatch_badput:ratio", *interruptions.OBSERVED)
+RECORDED = ("job_id:flopwatch_ettr:ratio", "job_id:flopwatch_badput:ratio", "job_id:flopwatch_step_time_lost:ratio",
+            *interruptions.OBSERVED)
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,11 @@ def test_the_recommended_interval_is_young_daly_of_the_true_cost_and_failures(re
     assert float(advice["mtbf"]) == pytest.approx(true_mtbf, rel=0.1)
     assert float(advice["optimal"]) == pytest.approx(math.sqrt(2 * SAVE_S * true_mtbf), rel=0.1)
     assert float(advice["gain"]) > 0
+
+
+def test_goodput_and_each_badput_cause_of_an_interrupted_job_are_the_truths(reported):
+    truth, out = reported
+    row = rows(out / "goodput_by_job.csv")["llm"]
+    assert float(row["goodput"]) == pytest.approx(truth["goodput"], abs=0.01)
+    for cause in ("lost_progress", "restart", "checkpoint"):
+        assert float(row[cause]) == pytest.approx(truth["badput"].get(cause, 0.0), abs=0.01), cause
