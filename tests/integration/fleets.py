@@ -44,12 +44,15 @@ def llm_8b_32_ranks(name: str, seed: int, nodes: int, scrape_s: int) -> Scenario
 
 
 @contextmanager
-def serving(scenario: Scenario, tick: float) -> Iterator[FleetServer]:
-    """Serve the fleet's nodes on loopback, advancing it in real time every `tick` seconds."""
-    server = FleetServer(Fleet(scenario, start_unix=time.time()))
+def serving(fleet: Scenario | Fleet, tick: float | None = None) -> Iterator[FleetServer]:
+    """Serve a fleet's nodes on loopback (a scenario's starts now), advancing it in real time every
+    `tick` seconds (default: its scrape interval)."""
+    if not isinstance(fleet, Fleet):
+        fleet = Fleet(fleet, start_unix=time.time())
+    server = FleetServer(fleet)
     server.start()
     stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop, tick), daemon=True)
+    ticker = threading.Thread(target=server.run, args=(0, stop, tick) if tick else (0, stop), daemon=True)
     ticker.start()
     try:
         yield server

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -21,10 +20,9 @@ from flopwatch.commands.demo import alertmanager_config, rule_files
 from flopwatch.mixin.config import MixinConfig
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet, node_name
-from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Alertmanager, Prometheus
 from flopwatch.stack.webhook import WebhookReceiver
-from integration.fleets import llm_8b_32_ranks
+from integration.fleets import llm_8b_32_ranks, serving
 
 pytestmark = pytest.mark.integration
 
@@ -43,34 +41,25 @@ def test_thermal_straggler_pages_naming_node_gpu_rank_and_cause(tmp_path: Path) 
     for _ in range(24):                       # two minutes of history in the counters
         fleet.advance(SCRAPE_S)
     fleet.start_unix = time.time() - fleet.t  # step timestamps on the wall clock
-    server = FleetServer(fleet)
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
-    with WebhookReceiver() as webhook, Alertmanager(alertmanager_config(webhook.url)) as alertmanager:
-        server.start()
-        try:
-            targets = server.write_file_sd(tmp_path / "targets.json")
-            with Prometheus([{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(targets)]}]}],
-                            rule_files=rule_files(), alertmanagers=[alertmanager.url],
-                            scrape_interval=f"{SCRAPE_S}s", evaluation_interval=f"{SCRAPE_S}s") as prom:
-                ticker.start()
-                client = PromClient(prom.url)
-                time.sleep(HEALTHY_S)
-                assert [a for a in webhook.alerts if is_page(a)] == [], "a page before any fault"
-                assert client.query("job_id:flopwatch_straggler_ranks:count")[0].value == 32
+    with WebhookReceiver() as webhook, Alertmanager(alertmanager_config(webhook.url)) as alertmanager, \
+            serving(fleet) as server:
+        targets = server.write_file_sd(tmp_path / "targets.json")
+        with Prometheus([{"job_name": "flopwatch", "file_sd_configs": [{"files": [str(targets)]}]}],
+                        rule_files=rule_files(), alertmanagers=[alertmanager.url],
+                        scrape_interval=f"{SCRAPE_S}s", evaluation_interval=f"{SCRAPE_S}s") as prom:
+            client = PromClient(prom.url)
+            time.sleep(HEALTHY_S)
+            assert [a for a in webhook.alerts if is_page(a)] == [], "a page before any fault"
+            assert client.query("job_id:flopwatch_straggler_ranks:count")[0].value == 32
 
-                with server.lock:
-                    fleet.inject("thermal_throttle", SLOW_NODE, gpu=SLOW_GPU, duration=3600, slowdown=0.08)
-                injected = time.monotonic()
-                page = webhook.wait_for(lambda a: is_page(a) and a["labels"]["alertname"] == "FlopWatchStraggler",
-                                        PAGE_TIMEOUT_S)
-                latency = time.monotonic() - injected
-                rule_errors = [(g["name"], r["name"], r.get("lastError")) for g in prom_rules(prom.url)
-                               for r in g["rules"] if r.get("health") == "err"]
-        finally:
-            stop.set()
-            ticker.join(timeout=30)
-            server.stop()
+            with server.lock:
+                fleet.inject("thermal_throttle", SLOW_NODE, gpu=SLOW_GPU, duration=3600, slowdown=0.08)
+            injected = time.monotonic()
+            page = webhook.wait_for(lambda a: is_page(a) and a["labels"]["alertname"] == "FlopWatchStraggler",
+                                    PAGE_TIMEOUT_S)
+            latency = time.monotonic() - injected
+            rule_errors = [(g["name"], r["name"], r.get("lastError")) for g in prom_rules(prom.url)
+                           for r in g["rules"] if r.get("health") == "err"]
 
     assert rule_errors == []
     assert page is not None, f"no straggler page within {PAGE_TIMEOUT_S}s; got {webhook.alerts}"

@@ -3,7 +3,6 @@ tests/integration/test_report_demo.py)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -12,8 +11,8 @@ from helpers import wait_for
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import parse
-from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
+from integration.fleets import serving
 
 pytestmark = pytest.mark.integration
 
@@ -34,40 +33,29 @@ def fleet_scenario(nodes: int) -> dict:
 
 def test_prometheus_scrapes_64_simulated_nodes_via_file_sd(tmp_path):
     fleet = Fleet(parse(fleet_scenario(64)), start_unix=time.time())
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
-    targets = server.write_file_sd(tmp_path / "targets.json")
-    prom = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}])
-    try:
-        prom.start()
-        ticker.start()
-        client = PromClient(prom.url)
-        wait_for(lambda: client.scalar("count(up == 1)") == 64, 60, "64 targets up")
-        assert client.scalar("count(up == 0) or vector(0)") == 0
-        nodes = {s.labels["node"] for s in client.query("flopwatch_gpu_up")}
-        assert nodes == {node.name for node in fleet.nodes}
-        assert {s.labels["instance"] for s in client.query("up")} == nodes
-        assert client.scalar("count(flopwatch_gpu_up == 1)") == 512
-        assert client.scalar("count(flopwatch_gpu_job_info)") == 60 * 8
-        # the straggler is visible as the rank with the most compute per step, and as a throttled GPU
-        wait_for(lambda: client.scalar("count(flopwatch_train_steps_total)") == 480, 60, "train series")
-        time.sleep(20)
-        worst = client.query(
-            'topk(1, sum without (phase) (rate(flopwatch_train_phase_seconds_total{phase="compute",'
-            'job_id="big"}[15s])) / rate(flopwatch_train_steps_total{job_id="big"}[15s]))')
-        assert (worst[0].labels["node"], worst[0].labels["gpu"], worst[0].labels["rank"]) == ("node0007", "2", "58")
-        throttled = client.query('flopwatch_gpu_clock_event_active{reason="sw_thermal"} == 1')
-        assert [(s.labels["node"], s.labels["gpu"]) for s in throttled] == [("node0007", "2")]
-        # job MFU from the exported counters agrees with the simulator's truth
-        mfu = client.scalar(
-            'sum(rate(flopwatch_train_model_flops_total{job_id="small"}[15s])) / sum('
-            'flopwatch_gpu_peak_dense_flops{dtype="bf16"} * on (node, gpu) group_left (job_id) '
-            'flopwatch_gpu_job_info{job_id="small"})')
-        assert mfu == pytest.approx(0.35, rel=0.08)
-    finally:
-        stop.set()
-        ticker.join(10)
-        prom.stop()
-        server.stop()
+    with serving(fleet) as server:
+        targets = server.write_file_sd(tmp_path / "targets.json")
+        with Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}]) as prom:
+            client = PromClient(prom.url)
+            wait_for(lambda: client.scalar("count(up == 1)") == 64, 60, "64 targets up")
+            assert client.scalar("count(up == 0) or vector(0)") == 0
+            nodes = {s.labels["node"] for s in client.query("flopwatch_gpu_up")}
+            assert nodes == {node.name for node in fleet.nodes}
+            assert {s.labels["instance"] for s in client.query("up")} == nodes
+            assert client.scalar("count(flopwatch_gpu_up == 1)") == 512
+            assert client.scalar("count(flopwatch_gpu_job_info)") == 60 * 8
+            # the straggler is visible as the rank with the most compute per step, and as a throttled GPU
+            wait_for(lambda: client.scalar("count(flopwatch_train_steps_total)") == 480, 60, "train series")
+            time.sleep(20)
+            worst = client.query(
+                'topk(1, sum without (phase) (rate(flopwatch_train_phase_seconds_total{phase="compute",'
+                'job_id="big"}[15s])) / rate(flopwatch_train_steps_total{job_id="big"}[15s]))')
+            assert (worst[0].labels["node"], worst[0].labels["gpu"], worst[0].labels["rank"]) == ("node0007", "2", "58")
+            throttled = client.query('flopwatch_gpu_clock_event_active{reason="sw_thermal"} == 1')
+            assert [(s.labels["node"], s.labels["gpu"]) for s in throttled] == [("node0007", "2")]
+            # job MFU from the exported counters agrees with the simulator's truth
+            mfu = client.scalar(
+                'sum(rate(flopwatch_train_model_flops_total{job_id="small"}[15s])) / sum('
+                'flopwatch_gpu_peak_dense_flops{dtype="bf16"} * on (node, gpu) group_left (job_id) '
+                'flopwatch_gpu_job_info{job_id="small"})')
+            assert mfu == pytest.approx(0.35, rel=0.08)
