@@ -15,7 +15,6 @@ columns of each table appear in its results; and every query (substituted) passe
 from __future__ import annotations
 
 import re
-import threading
 import time
 from pathlib import Path
 
@@ -25,9 +24,9 @@ from flopwatch import dashboards
 from flopwatch.promql import PromClient, Sample
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import parse
-from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
 from integration import dashboard_checks as checks
+from integration.fleets import serving
 
 pytestmark = pytest.mark.integration
 
@@ -84,23 +83,11 @@ def test_every_query_passes_promtool_parsing(tmp_path: Path) -> None:
 def prometheus(tmp_path_factory):
     assert RULE_FILES, "alerts/*.yml not found: the panels on recording rules need them"
     start = time.time()
-    fleet = Fleet(parse(SCENARIO), start_unix=start)
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop), daemon=True)
-    targets = server.write_file_sd(tmp_path_factory.mktemp("sim") / "targets.json")
-    prom = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}],
-                      rule_files=RULE_FILES)
-    try:
-        prom.start()
-        ticker.start()
-        yield PromClient(prom.url), start
-    finally:
-        stop.set()
-        ticker.join(10)
-        prom.stop()
-        server.stop()
+    with serving(Fleet(parse(SCENARIO), start_unix=start)) as server:
+        targets = server.write_file_sd(tmp_path_factory.mktemp("sim") / "targets.json")
+        with Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}],
+                        rule_files=RULE_FILES) as prom:
+            yield PromClient(prom.url), start
 
 
 def test_every_panel_query_returns_series_with_its_labels(prometheus) -> None:
