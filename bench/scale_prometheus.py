@@ -25,6 +25,11 @@ Three parts, each measured, none estimated:
   dcgm-exporter figures as ratios of the agent's. `--fabric` gives the fleet a rail-optimised
   topology (16 nodes per leaf group, one leaf per NIC rail, 4 spines) that its agents serve, so
   the fabric rules (alerts/flopwatch-fabric.yml) run on topology info as on a real site.
+  `--engine prometheus,victoriametrics` then measures the same fleet and rule files through
+  VictoriaMetrics (promscrape) and vmalert (bench/vm_engine.py) the same way, one after the other,
+  with the VictoriaMetrics figures as ratios of Prometheus's; each engine's section records the
+  1-minute load average at the start and end of its windows. `--warmup` shortens the wait
+  after loading the rules (smoke runs and tests).
 """
 
 from __future__ import annotations
@@ -55,11 +60,12 @@ from flopwatch.sim.node import SimNodeAgent
 from flopwatch.sim.scenario import EXPORTERS, node_name
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus
-from flopwatch.stack.process import require_binary
+from flopwatch.stack.process import MissingBinary, require_binary
 from flopwatch.topology.model import Fabric
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_FILES = sorted(ROOT.glob("alerts/flopwatch-*.yml"))
+ENGINES = ("prometheus", "victoriametrics")
 
 
 # -- series per node and per GPU ---------------------------------------------------------------------
@@ -198,28 +204,32 @@ def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict
         for (name, group), value in _own_metrics(prom.url).items():
             if name == "prometheus_rule_group_last_duration_seconds":
                 durations[group].append(value)
-        time.sleep(sample_every)
+        time.sleep(max(0.0, min(sample_every, seconds - (time.monotonic() - wall0))))
     last, wall = _own_metrics(prom.url), time.monotonic() - wall0
     return {"wall": wall, "first": first, "last": last, "durations": durations, "rss": rss,
             "cpu": cpu_seconds(proc) - cpu0, "sim_cpu": cpu_seconds(me) - mine0,
             "others": _busiest_others(others0, _other_processes({me.pid, proc.pid}), wall)}
 
 
-def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None,
-                     rule_files: list[Path] = RULE_FILES, exporter: str = "agent",
-                     fabric: bool = False) -> dict[str, object]:
-    """Phase 1 scrapes only; phase 2 reloads with every rule file. Rule CPU = phase 2's Prometheus
-    CPU minus phase 1's, per evaluation actually run (a starved Prometheus skips iterations)."""
-    if not rule_files:
-        raise SystemExit("no rule files (flopwatch-*.yml) in the rules folder")
+def bench_fleet(nodes: int, interval: float = 5.0, exporter: str = "agent", fabric: bool = False) -> tuple[Fleet, int]:
+    """The measured fleet, and the scrape targets it serves (dcgm-exporter's beside each agent)."""
     scenario = fleet_scenario(nodes, interval)
     scenario = dataclasses.replace(scenario, fleet=dataclasses.replace(scenario.fleet, exporter=exporter))
     if fabric:
         names = [node_name(i) for i in range(nodes)]
         scenario = dataclasses.replace(scenario, fabric=Fabric.rail_optimised(
             names, scenario.fleet.nics_per_node, nodes_per_leaf_group=16, spines=4))
-    fleet = Fleet(scenario, start_unix=time.time())
-    targets_expected = nodes * (1 if exporter == "agent" else 2)
+    return Fleet(scenario, start_unix=time.time()), nodes * (1 if exporter == "agent" else 2)
+
+
+def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None,
+                     rule_files: list[Path] = RULE_FILES, exporter: str = "agent",
+                     fabric: bool = False, warmup: float = 75.0) -> dict[str, object]:
+    """Phase 1 scrapes only; phase 2 reloads with every rule file. Rule CPU = phase 2's Prometheus
+    CPU minus phase 1's, per evaluation actually run (a starved Prometheus skips iterations)."""
+    if not rule_files:
+        raise SystemExit("no rule files (flopwatch-*.yml) in the rules folder")
+    fleet, targets_expected = bench_fleet(nodes, interval, exporter, fabric)
     server = FleetServer(fleet)
     server.start()
     stop = threading.Event()
@@ -240,11 +250,12 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
             if time.monotonic() > deadline:
                 raise SystemExit(f"not all {targets_expected} targets came up within 300 s")
             time.sleep(2)
-        time.sleep(20)
+        time.sleep(min(20.0, warmup))
+        load_at_start = os.getloadavg()[0]
         scrape_only = _window(prom, seconds / 2)
         prom.config["rule_files"] = [str(path) for path in rule_files]
         prom.reload()
-        time.sleep(75)  # a minute of samples behind every rate(...[1m]); every group has run
+        time.sleep(warmup)  # a minute of samples behind every rate(...[1m]); every group has run
         ticks_before = server.ticks
         rules = _window(prom, seconds)
         ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
@@ -276,7 +287,7 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
             return (window["last"][counter] - window["first"][counter]) / window["wall"]  # type: ignore[index]
 
         return {
-            "exporter": exporter, "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval,
+            "engine": "prometheus", "exporter": exporter, "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval,
             "sim_tick_interval_s": tick or interval,
             "window_s_scrape_only": round(scrape_only["wall"], 1), "window_s_with_rules": round(rules["wall"], 1),
             "head_series": last[("prometheus_tsdb_head_series", "")],
@@ -291,11 +302,13 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
             "rule_cores_needed": round(rule_cores, 3),
             "rule_core_seconds_per_s_per_1000_gpus": round(rule_cores / (gpus / 1000), 4),
             "prometheus_rss_gib_max": round(max(rules["rss"]) / 2**30, 2),
+            "missed_iterations": sum(g["missed"] for g in groups.values()),
             "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
             "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
             "rule_evaluation_failures": last[("prometheus_rule_evaluation_failures_total", "")]
             - first[("prometheus_rule_evaluation_failures_total", "")],
             "slowest_group_max_s": round(max(g["duration_max_s"] for g in groups.values()), 3),
+            "load_average_1m_at_start": round(load_at_start, 2),
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
             "other_processes_pct_of_core_scrape_only": scrape_only["others"],
             "other_processes_pct_of_core_with_rules": rules["others"],
@@ -353,6 +366,32 @@ def ratios(measured: dict[str, object], reference: dict[str, object]) -> dict[st
     return out
 
 
+def _serve_engines(engines: list[str], args: argparse.Namespace, rules: list[Path], exporter: str,
+                   suffixed: bool) -> dict[str, object]:
+    """One `serve` section per engine on the same fleet, one after the other, and the second's
+    ratios to the first's (VictoriaMetrics + vmalert over Prometheus)."""
+    suffix = f"_{exporter}" if suffixed else ""
+    measured: dict[str, dict[str, object]] = {}
+    for engine in engines:
+        if engine == "prometheus":
+            measured[engine] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick, rules, exporter,
+                                                args.fabric, args.warmup)
+        else:
+            from bench.vm_engine import serve_with_vmalert
+
+            fleet, targets = bench_fleet(args.nodes, args.interval, exporter, args.fabric)
+            measured[engine] = serve_with_vmalert(fleet, targets, args.seconds, args.interval, args.tick, rules,
+                                                  args.warmup)
+    out: dict[str, object] = {f"serve{suffix}" if engine == engines[0] else f"serve_{engine}{suffix}": figures
+                              for engine, figures in measured.items()}
+    if len(measured) == 2:
+        from bench.vm_engine import engine_ratios
+
+        out[f"ratio_victoriametrics_to_prometheus{suffix}"] = engine_ratios(measured["victoriametrics"],
+                                                                            measured["prometheus"])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1250)
@@ -371,8 +410,18 @@ def main() -> None:
                         "run (the first is the reference the others' ratios divide by)")
     parser.add_argument("--fabric", action="store_true",
                         help="serve a rail-optimised topology (16 nodes per leaf group, 4 spines) from the agents")
+    parser.add_argument("--warmup", type=float, default=75.0,
+                        help="seconds between loading the rules and measuring them (default 75: a minute of samples "
+                        "behind every rate(...[1m])); the fleet settles min(20, this) before the scrape-only window")
+    parser.add_argument("--engine", default="prometheus", metavar="NAMES",
+                        help=f"{' or '.join(ENGINES)}, or both comma-separated: measured one after the other on the "
+                        "same fleet and rule files (VictoriaMetrics scraping, vmalert evaluating), the second's "
+                        "figures also as ratios of the first's")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
+    engines = [name.strip() for name in args.engine.split(",") if name.strip()]
+    if not engines or any(name not in ENGINES for name in engines) or len(set(engines)) < len(engines):
+        parser.error(f"--engine: expected {' and/or '.join(ENGINES)}, comma-separated, each once")
     exporters = [name.strip() for name in args.exporter.split(",") if name.strip()]
     if not exporters or any(name not in EXPORTERS for name in exporters):
         parser.error(f"--exporter: expected one or more of {', '.join(EXPORTERS)}, comma-separated")
@@ -381,10 +430,11 @@ def main() -> None:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)
     if not args.skip_serve:
         rules = sorted(args.rules.resolve().glob("flopwatch-*.yml"))
-        for exporter in exporters:
-            section = "serve" if exporter == exporters[0] else f"serve_{exporter}"
-            results[section] = serve_with_rules(args.nodes, args.seconds, args.interval, args.tick, rules, exporter,
-                                                args.fabric)
+        try:
+            for exporter in exporters:
+                results.update(_serve_engines(engines, args, rules, exporter, exporter != exporters[0]))
+        except MissingBinary as error:
+            parser.exit(2, f"{error}\n")
         for exporter in exporters[1:]:
             results[f"ratio_{exporter}_to_{exporters[0]}"] = ratios(results[f"serve_{exporter}"], results["serve"])
     for section, values in results.items():

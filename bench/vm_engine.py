@@ -1,0 +1,318 @@
+"""The same fleet and rule files as bench/scale_prometheus.py's Prometheus, through VictoriaMetrics
+(single node, promscrape) and vmalert: CPU, memory, evaluation durations and missed evaluations
+measured the same way, so one run can quote one engine as ratios of the other.
+
+VictoriaMetrics scrapes the simulated fleet with a promscrape config equal to the Prometheus one
+(5 s scrapes, file_sd, timeout = interval); vmalert reads from it (`-datasource.url`,
+`-remoteRead.url` for alert state) and writes recording rules back (`-remoteWrite.url`), at
+`-evaluationInterval` 15 s like Prometheus' `evaluation_interval`, each group's own `interval`
+honoured. Alerting rules make vmalert insist on a notifier: a real Alertmanager, not measured.
+
+vmalert (Debian's 1.79) refuses to start on a file with anything it does not know, and names one
+problem per run of `-dryRun`; `vmalert_rules` repeats the dry run, takes out what it names (a field
+it does not know, else the rule, else the group) and reports every removal with vmalert's reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from bench.scale_prometheus import _busiest_others, _other_processes
+from bench.sim_capacity import cpu_seconds
+from flopwatch.promql import PromClient
+from flopwatch.sim.fleet import Fleet
+from flopwatch.sim.serve import FleetServer
+from flopwatch.stack import Alertmanager, VictoriaMetrics, VmAlert
+from flopwatch.stack.process import require_binary
+
+_PROBLEM = re.compile(r'invalid group "(?P<group>[^"]+)" in file "[^"]+": (?P<reason>.+)')
+_RULE = re.compile(r'rule "[^"]*"\."(?P<rule>[^"]+)": ')
+_UNKNOWN = re.compile(r'unknown fields in (?:rule|group(?: "[^"]*")?): (?P<fields>[\w, ]+)$')
+_DRY_RUNS_MAX = 50
+NULL_ALERTMANAGER = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
+
+
+# -- what vmalert 1.79 accepts -------------------------------------------------------------------------
+def _dry_run(vmalert: str, path: Path) -> list[str]:
+    """vmalert's complaints about one rule file, one a line (none when it would start on it)."""
+    done = subprocess.run([vmalert, "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"],
+                          check=False, capture_output=True, text=True, timeout=60)
+    text = done.stdout + done.stderr
+    if "fatal" not in text and done.returncode == 0:
+        return []
+    problems = [match.group(0) for match in _PROBLEM.finditer(text)]
+    return problems or [text.strip().rsplit("\t", 1)[-1] or f"exit code {done.returncode}"]
+
+
+def _take_out(doc: dict[str, Any], complaint: str) -> dict[str, str]:
+    """Remove from `doc` what vmalert complained of; what was removed and why."""
+    match = _PROBLEM.search(complaint)
+    group = next((g for g in doc["groups"] if match and g["name"] == match["group"]), None)
+    if not match or group is None:
+        doc["groups"] = []
+        return {"group": "*", "rule": "*", "removed": "file", "reason": complaint}
+    reason, rule, unknown = match["reason"].strip(), _RULE.search(match["reason"]), _UNKNOWN.search(match["reason"])
+    target: dict[str, Any] | None = group
+    if rule:
+        target = next((r for r in group["rules"] if (r.get("alert") or r.get("record")) == rule["rule"]), None)
+    if unknown and target is not None:
+        fields = [field.strip() for field in unknown["fields"].split(",") if field.strip()]
+        for field in fields:
+            target.pop(field, None)
+        removed = "field " + ", ".join(fields)
+    elif rule and target is not None:
+        group["rules"].remove(target)
+        removed = "rule"
+    else:
+        doc["groups"].remove(group)
+        removed = "group"
+    return {"group": match["group"], "rule": rule["rule"] if rule else "*", "removed": removed, "reason": reason}
+
+
+def vmalert_rules(rule_files: list[Path], workdir: Path) -> tuple[list[Path], list[dict[str, str]]]:
+    """Copies of `rule_files` that vmalert starts on, and each removal (file, group, rule, what, why)."""
+    vmalert = require_binary("vmalert", "victoria-metrics")
+    workdir.mkdir(parents=True, exist_ok=True)
+    out, removals = [], []
+    for source in rule_files:
+        copy = workdir / source.name
+        copy.write_text(source.read_text())
+        doc: dict[str, Any] | None = None
+        for _ in range(_DRY_RUNS_MAX):
+            complaints = _dry_run(vmalert, copy)
+            if not complaints:
+                break
+            doc = doc or yaml.safe_load(source.read_text())
+            removals.extend({"file": source.name, **_take_out(doc, complaint)} for complaint in complaints)
+            copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+        else:
+            raise SystemExit(f"vmalert still rejects {source} after {_DRY_RUNS_MAX} removals; run "
+                             f"`vmalert -dryRun -rule={copy}` to see why")
+        if doc is None or doc["groups"]:
+            out.append(copy)
+    return out, removals
+
+
+# -- vmalert's own /metrics ------------------------------------------------------------------------------
+def vmalert_metrics(url: str) -> dict[tuple[str, str], float]:
+    """(name, group or "") -> value of vmalert's per-group iteration figures and error counters; the
+    duration summary's quantiles are left out (its _sum and _count give exact means per window)."""
+    wanted = {"vmalert_iteration_total", "vmalert_iteration_missed_total", "vmalert_iteration_interval_seconds",
+              "vmalert_iteration_duration_seconds_sum", "vmalert_iteration_duration_seconds_count",
+              "vmalert_execution_errors_total", "vmalert_execution_total", "vmalert_remotewrite_sent_rows_total",
+              "vmalert_recording_rules_error", "vmalert_alerting_rules_error"}
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as answer:
+        for raw in answer.read().decode().splitlines():
+            name = raw.split("{", 1)[0].split(" ", 1)[0]
+            if name not in wanted:
+                continue
+            group = raw.split('group="', 1)[1].split('"', 1)[0] if 'group="' in raw else ""
+            if name.endswith("rules_error"):
+                group = raw.split("{", 1)[1].split(",", 1)[0].split('"')[1] + f" ({group})"  # rule name
+            out[(name, group)] += float(raw.rsplit(" ", 1)[1])
+    return out
+
+
+def _rows_inserted(victoria_url: str) -> float:
+    """Samples VictoriaMetrics has taken in (scraped, and vmalert's recording rules written back),
+    from its own /metrics: what Prometheus's samples-appended counter counts."""
+    with urllib.request.urlopen(f"{victoria_url}/metrics", timeout=60) as answer:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in answer.read().decode().splitlines()
+                   if line.startswith("vm_rows_inserted_total{"))
+
+
+def _window(engine: list[psutil.Process], victoria_url: str, vmalert_url: str | None, seconds: float,
+            sample_every: float = 5.0) -> dict[str, Any]:
+    """CPU and RSS of the engine's processes and of this one (the simulator), vmalert's counters at
+    both ends and each group's mean duration between samples (one or two iterations each)."""
+    me = psutil.Process()
+    mine = {me.pid, *(process.pid for process in engine)}
+    others0, load0 = _other_processes(mine), os.getloadavg()[0]
+    read = (lambda: vmalert_metrics(vmalert_url)) if vmalert_url else dict
+    first, rows0, me0 = read(), _rows_inserted(victoria_url), cpu_seconds(me)
+    cpu0, wall0 = [cpu_seconds(process) for process in engine], time.monotonic()
+    durations: dict[str, list[float]] = defaultdict(list)
+    rss: list[list[float]] = []
+    previous = first
+    while time.monotonic() - wall0 < seconds:
+        rss.append([process.memory_info().rss for process in engine])
+        time.sleep(max(0.0, min(sample_every, seconds - (time.monotonic() - wall0))))
+        now = read()
+        for (name, group), count in now.items():
+            if name == "vmalert_iteration_duration_seconds_count" and count > previous.get((name, group), 0):
+                spent = now[("vmalert_iteration_duration_seconds_sum", group)] - \
+                    previous.get(("vmalert_iteration_duration_seconds_sum", group), 0)
+                durations[group].append(spent / (count - previous.get((name, group), 0)))
+        previous = now
+    wall = time.monotonic() - wall0
+    cpu = [cpu_seconds(process) - before for process, before in zip(engine, cpu0, strict=True)]
+    return {"wall": wall, "rows_per_s": (_rows_inserted(victoria_url) - rows0) / wall, "first": first,
+            "last": previous, "durations": durations, "rss": rss, "cpu": sum(cpu), "cpu_each": cpu,
+            "sim_cpu": cpu_seconds(me) - me0, "load_1m_at_start": load0,
+            "others": _busiest_others(others0, _other_processes(mine), wall)}
+
+
+def _groups(window: dict[str, Any]) -> dict[str, dict[str, float]]:
+    first, last = window["first"], window["last"]
+    out = {}
+    for (name, group), interval in last.items():
+        if name != "vmalert_iteration_interval_seconds":
+            continue
+
+        def delta(counter: str, group: str = group) -> float:
+            return last.get((counter, group), 0.0) - first.get((counter, group), 0.0)
+
+        runs = delta("vmalert_iteration_total")
+        spent = delta("vmalert_iteration_duration_seconds_sum")
+        seen = window["durations"].get(group) or [0.0]
+        out[group] = {"interval_s": interval, "iterations_run": runs,
+                      "missed": delta("vmalert_iteration_missed_total"), "nominal": window["wall"] / interval,
+                      "duration_mean_s": spent / runs if runs else 0.0, "duration_max_s": max(seen)}
+    return out
+
+
+# -- VictoriaMetrics + vmalert, the whole fleet, every rule ---------------------------------------------
+def _promscrape_config(targets: Path, interval: float) -> dict[str, Any]:
+    """What bench/scale_prometheus.py gives Prometheus: 5 s scrapes timing out at the interval."""
+    every = f"{interval:g}s"
+    return {"global": {"scrape_interval": every, "scrape_timeout": every},
+            "scrape_configs": [{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}]}
+
+
+def _wait_targets(client: PromClient, expected: int, within: float = 300) -> None:
+    deadline = time.monotonic() + within
+    while (client.scalar('count(up{job="sim"} == 1)') or 0) < expected:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"VictoriaMetrics: not all {expected} targets came up within {within:g} s")
+        time.sleep(2)
+
+
+def serve_with_vmalert(fleet: Fleet, targets_expected: int, seconds: float, interval: float = 5.0,
+                       tick: float | None = None, rule_files: list[Path] = (),  # type: ignore[assignment]
+                       warmup: float = 75.0) -> dict[str, Any]:
+    """Phase 1: VictoriaMetrics scrapes only; phase 2: vmalert evaluates every rule file against it.
+    Rule CPU = phase 2's CPU of both minus phase 1's of VictoriaMetrics, per evaluation actually run."""
+    workdir = Path(tempfile.mkdtemp(prefix="flopwatch-bench-vm-"))
+    rules, removals = vmalert_rules(list(rule_files), workdir / "rules")
+    if not rules:
+        raise SystemExit("vmalert accepts none of the rule files; see `vmalert -dryRun -rule=FILE`")
+    server = FleetServer(fleet)
+    server.start()
+    stop = threading.Event()
+    ticker = threading.Thread(target=server.run, args=(0, stop, tick or interval), daemon=True)
+    scrape = workdir / "promscrape.yml"
+    scrape.write_text(yaml.safe_dump(_promscrape_config(server.write_file_sd(workdir / "targets.json"), interval)))
+    victoria = VictoriaMetrics(extra_args=[f"-promscrape.config={scrape}", "-search.maxUniqueTimeseries=100000000",
+                                           "-search.maxQueryDuration=300s"])
+    alertmanager = Alertmanager(NULL_ALERTMANAGER)
+    vmalert: VmAlert | None = None
+    try:
+        victoria.start(timeout=60)
+        alertmanager.start(timeout=60)
+        ticker.start()
+        client = PromClient(victoria.url, timeout=300)
+        _wait_targets(client, targets_expected)
+        time.sleep(min(20.0, warmup))
+        vm_proc = psutil.Process(victoria.proc.pid)
+        scrape_only = _window([vm_proc], victoria.url, None, seconds / 2)
+        vmalert = VmAlert(rules, victoria.url, notifiers=[alertmanager.url], evaluation_interval="15s",
+                          extra_args=[f"-remoteRead.url={victoria.url}"])
+        vmalert.start(timeout=60)
+        time.sleep(warmup)  # a minute of samples behind every rate(...[1m]); every group has run
+        ticks_before = server.ticks
+        with_rules = _window([vm_proc, psutil.Process(vmalert.proc.pid)], victoria.url, vmalert.url, seconds)
+        ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
+        window = f"{int(with_rules['wall'])}s"
+        failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
+                               f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
+        series = client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0
+        return _report(fleet, targets_expected, interval, tick, scrape_only, with_rules, failed, series, ticks,
+                       removals, vmalert_metrics(vmalert.url))
+    finally:
+        stop.set()
+        ticker.join(30)
+        for process in (vmalert, alertmanager, victoria):
+            if process is not None:
+                process.stop()
+        server.stop()
+
+
+def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scrape_only: dict[str, Any],
+            rules: dict[str, Any], failed: float | None, series: float, ticks: list[float],
+            removals: list[dict[str, str]], final: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """The figures, named as bench/scale_prometheus.py names Prometheus's where they mean the same."""
+    groups = _groups(rules)
+    nodes, gpus = len(fleet.nodes), len(fleet.nodes) * fleet.scenario.fleet.gpus_per_node
+    cpu_scrape = scrape_only["cpu"] / scrape_only["wall"]
+    cpu_rules = rules["cpu"] / rules["wall"]
+    done_share = sum(g["iterations_run"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
+    rule_cores = max(0.0, cpu_rules - cpu_scrape) / max(done_share, 1e-9)
+    first, last = rules["first"], rules["last"]
+    rss = [sum(sample) for sample in rules["rss"]]
+    return {
+        "engine": "victoriametrics", "nodes": nodes, "gpus": gpus, "targets": targets, "scrape_interval_s": interval,
+        "sim_tick_interval_s": tick or interval,
+        "window_s_scrape_only": round(scrape_only["wall"], 1), "window_s_with_rules": round(rules["wall"], 1),
+        "series_per_node": round(series / nodes, 1),
+        "samples_per_s_scrape_only": round(scrape_only["rows_per_s"]),
+        "samples_per_s_with_rules": round(rules["rows_per_s"]),
+        "failed_scrapes_with_rules": failed,
+        "cpu_cores_scrape_only": round(cpu_scrape, 3), "cpu_cores_with_rules": round(cpu_rules, 3),
+        "victoria_metrics_cpu_cores_with_rules": round(rules["cpu_each"][0] / rules["wall"], 3),
+        "vmalert_cpu_cores": round(rules["cpu_each"][1] / rules["wall"], 3),
+        "rule_iterations_run_share": round(done_share, 3),
+        "rule_cores_needed": round(rule_cores, 3),
+        "rule_core_seconds_per_s_per_1000_gpus": round(rule_cores / (gpus / 1000), 4),
+        "rss_gib_max": round(max(rss) / 2**30, 2),
+        "victoria_metrics_rss_gib_max": round(max(sample[0] for sample in rules["rss"]) / 2**30, 2),
+        "vmalert_rss_gib_max": round(max(sample[1] for sample in rules["rss"]) / 2**30, 2),
+        "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
+        "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
+        "rule_evaluation_failures": last.get(("vmalert_execution_errors_total", ""), 0.0)
+        - first.get(("vmalert_execution_errors_total", ""), 0.0),
+        "rules_in_error_at_end": sorted(rule for (name, rule), value in final.items()
+                                        if name.endswith("rules_error") and value),
+        "missed_iterations": sum(g["missed"] for g in groups.values()),
+        "slowest_group_max_s": round(max(g["duration_max_s"] for g in groups.values()), 3),
+        "load_average_1m_at_start": round(scrape_only["load_1m_at_start"], 2),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "other_processes_pct_of_core_scrape_only": scrape_only["others"],
+        "other_processes_pct_of_core_with_rules": rules["others"],
+        "vmalert_removed": removals,
+        "groups": {name: {k: round(v, 4) for k, v in values.items()} for name, values in sorted(groups.items())},
+    }
+
+
+# figure of a VictoriaMetrics run -> the same figure of a Prometheus run
+_SAME_FIGURE = {"cpu_cores_scrape_only": "prometheus_cpu_cores_scrape_only",
+                "cpu_cores_with_rules": "prometheus_cpu_cores_with_rules", "rss_gib_max": "prometheus_rss_gib_max",
+                **{key: key for key in ("rule_core_seconds_per_s_per_1000_gpus", "rule_iterations_run_share",
+                                        "slowest_group_max_s", "series_per_node", "samples_per_s_with_rules")}}
+
+
+def engine_ratios(victoria: dict[str, Any], prometheus: dict[str, Any]) -> dict[str, Any]:
+    """VictoriaMetrics + vmalert's figures over Prometheus's measured in the same run, and each
+    group's mean evaluation duration likewise (None where Prometheus's is zero or absent)."""
+    def ratio(mine: Any, theirs: Any) -> float | None:
+        ok = isinstance(mine, int | float) and isinstance(theirs, int | float) and theirs
+        return round(mine / theirs, 3) if ok else None
+
+    out: dict[str, Any] = {key: ratio(victoria.get(key), prometheus.get(same)) for key, same in _SAME_FIGURE.items()}
+    theirs = prometheus.get("groups", {})
+    out["group_duration_mean"] = {name: ratio(group["duration_mean_s"], theirs.get(name, {}).get("duration_mean_s"))
+                                  for name, group in victoria.get("groups", {}).items()}
+    return out
