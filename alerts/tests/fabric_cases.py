@@ -22,7 +22,7 @@ import yaml
 #: runbook URL, severities and the symbol-error threshold are the mixin's settings.
 OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "fabric.yml"
 INTERVAL_S = 15
-SAMPLES = 97                 # 0 .. 24m
+SAMPLES = 161                # 0 .. 40m
 FAULT = 80                   # sample index of 20m
 NODES = [f"n{i:02d}" for i in range(1, 25)]
 LEAF = {node: f"leaf{i // 8 + 1}" for i, node in enumerate(NODES)}
@@ -40,6 +40,7 @@ class Port:
     xmit_wait: tuple[float, float] = (BACKGROUND["xmit_wait"],) * 2
     rate: tuple[float, float] = (RATE, RATE)
     downs: tuple[int, ...] = ()      # sample indices at which the link went down
+    end: int = SAMPLES               # sample index from which the port is healthy again
 
 
 @dataclass
@@ -51,16 +52,17 @@ class Case:
     checks: list[dict] = field(default_factory=list)
 
 
-def _counter(before: float, after: float, steps: tuple[int, ...] = ()) -> str:
+def _counter(before: float, after: float, steps: tuple[int, ...] = (), end: int = SAMPLES) -> str:
     values, total = [], 0.0
     for i in range(SAMPLES):
         values.append(total)
-        total += (before if i < FAULT else after) * INTERVAL_S + (1 if i + 1 in steps else 0)
+        total += (after if FAULT <= i < end else before) * INTERVAL_S + (1 if i + 1 in steps else 0)
     return " ".join(f"{v:.6g}" for v in values)
 
 
-def _gauge(before: float, after: float) -> str:
-    return f"{before:g}x{FAULT - 1} {after:g}x{SAMPLES - FAULT - 1}"
+def _gauge(before: float, after: float, end: int = SAMPLES) -> str:
+    text = f"{before:g}x{FAULT - 1} {after:g}x{end - FAULT - 1}"
+    return text + (f" {before:g}x{SAMPLES - end - 1}" if end < SAMPLES else "")
 
 
 def _series(case: Case) -> list[dict[str, str]]:
@@ -72,11 +74,11 @@ def _series(case: Case) -> list[dict[str, str]]:
             {"series": f'flopwatch_fabric_link_info{{{at},switch="{LEAF[node]}",level="leaf",rail="0"}}',
              "values": f"1x{SAMPLES - 1}"},
             {"series": f'flopwatch_nic_port_errors_total{{{at},counter="symbol_error"}}',
-             "values": _counter(*p.symbol_error)},
-            {"series": f'flopwatch_nic_xmit_wait_total{{{at}}}', "values": _counter(*p.xmit_wait)},
+             "values": _counter(*p.symbol_error, end=p.end)},
+            {"series": f'flopwatch_nic_xmit_wait_total{{{at}}}', "values": _counter(*p.xmit_wait, end=p.end)},
             {"series": f'flopwatch_nic_data_bytes_total{{{at},direction="tx"}}',
              "values": _counter(BACKGROUND["data"], BACKGROUND["data"])},
-            {"series": f'flopwatch_nic_port_rate_bytes_per_second{{{at}}}', "values": _gauge(*p.rate)},
+            {"series": f'flopwatch_nic_port_rate_bytes_per_second{{{at}}}', "values": _gauge(*p.rate, end=p.end)},
             {"series": f'flopwatch_nic_link_downed_total{{{at}}}', "values": _counter(0, 0, p.downs)},
         ]
     for leaf in sorted(set(LEAF.values())):
@@ -147,6 +149,14 @@ def cases() -> list[Case]:
                          "FlopWatchSwitchDegraded", {"switch": "leaf3", "level": "leaf", "cause": "flap"},
                          "leaf switch leaf3 degraded (flap): 3 of its 8 ports, on n17, n18, n19",
                          _switch_text("leaf3", (0, 0, 38, 0), None))])]),
+        Case("a leaf flapping every port (symbol errors first, flaps from the next minute) is one alert "
+             "that keeps its cause and outlasts its ports' flapping alerts, which it holds back",
+             ports={n: Port(symbol_error=(BACKGROUND["symbol_error"], 0.5), end=FAULT + 24,
+                            downs=tuple(range(FAULT + 4, FAULT + 25, 4))) for n in _nodes(17, 18, 19, 20)},
+             checks=[_check("20m30s", "FlopWatchSwitchDegraded", [_flap_alert(4, 0)]),
+                     _check("25m", "FlopWatchSwitchDegraded", [_flap_alert(4, 50)]),
+                     _check("33m", "FlopWatchSwitchDegraded", [_flap_alert(0, 50)]),
+                     _check("33m", "FlopWatchIbLinkFlapping", [_flapping_port(n, 3) for n in (17, 18, 19, 20)])]),
         Case("congestion that slows a job inside the leaf too is the switch, not its uplinks",
              ports={n: Port(xmit_wait=waiting) for n in _nodes(1, 2, 3, 4, 5, 6, 7, 8)},
              jobs={"inside": (_nodes(1, 2, 3, 4), 0.15), "across": (_nodes(5, 6, 7, 8, 9, 10, 11, 12), 0.2)},
@@ -183,6 +193,29 @@ def cases() -> list[Case]:
              checks=[_check(at, alert, []) for at in ("21m", "24m")
                      for alert in ("FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded")]),
     ]
+
+
+def _flap_alert(erroring: int, flapping: int) -> dict:
+    """leaf3's one switch alert: the ports it counts with errors (none, after the fault) and the
+    share of them that went down in the last 5 minutes."""
+    summary = (f"leaf switch leaf3 degraded (errors): {erroring} of its 8 ports, on n17, n18, n19, n20"
+               if erroring else "leaf switch leaf3 degraded (errors): no port shows it now (recovering; it did "
+               "in the last 10 minutes)")
+    return _expect("FlopWatchSwitchDegraded", {"switch": "leaf3", "level": "leaf", "cause": "errors"}, summary,
+                   _switch_text("leaf3", (100 * erroring // 8, 0, flapping, 0), None))
+
+
+def _flapping_port(number: int, downs: int) -> dict:
+    """A port's own flapping page, with its switch so that the switch alert holds it back."""
+    node = f"n{number:02d}"
+    return {"exp_labels": {"severity": "page", "node": node, "device": "mlx5_0", "port": "1",
+                           "switch": "leaf3", "level": "leaf"},
+            "exp_annotations": {
+                "summary": f"{node} mlx5_0 port 1 (cable to leaf switch leaf3) is flapping ({downs} downs in 10m)",
+                "description": f"InfiniBand port mlx5_0/1 on {node} went down {downs} times in the last 10 "
+                               "minutes. Each flap stalls every collective crossing the link; take the port (or "
+                               "node) out of service.",
+                "runbook_url": f"{RUNBOOKS}#flopwatchiblinkflapping"}}
 
 
 def _cable_n10() -> dict:
