@@ -26,13 +26,15 @@ from flopwatch.report.sections import cluster_name, failed_notes
 
 ONSETS = "job_id_cause:flopwatch_interruptions:started"
 RESTARTS = "job_id:flopwatch_restart:seconds"
+#: Pauses that were a checkpoint save longer than the threshold: their onsets (cause none) are no interruption.
+SAVE_PAUSES = "job_id:flopwatch_checkpoint_pause:seconds"
 ETTR = "job_id:flopwatch_ettr:ratio"
 LOST = 'job_id:flopwatch_badput:ratio{cause="lost_progress"}'
 SAVES = 'flopwatch_train_checkpoint_seconds_total{kind="save", rank="0"}'
 #: A job's own interruptions stand in for the cluster's rate from this many on.
 OWN_MTBF_MIN = 3
-QUERY_NAMES = ("int_onsets", "int_restart_sum", "int_restart_count", "int_ettr", "int_lost", "ckpt_seconds",
-               "ckpt_saves")
+QUERY_NAMES = ("int_onsets", "int_save_pauses", "int_restart_sum", "int_restart_count", "int_ettr", "int_lost",
+               "ckpt_seconds", "ckpt_saves")
 
 
 def queries(promql: QueryBuilder) -> list[Query]:
@@ -41,6 +43,7 @@ def queries(promql: QueryBuilder) -> list[Query]:
     at = promql.window.end
     specs = [
         ("int_onsets", "interruptions", f"sum by ({by('job_id', 'cause')}) (count_over_time({ONSETS}[{w}]))"),
+        ("int_save_pauses", "checkpoint pauses", f"sum by ({by('job_id')}) (count_over_time({SAVE_PAUSES}[{w}]))"),
         ("int_restart_sum", "restart times", f"sum by ({by('job_id')}) (sum_over_time({RESTARTS}[{w}]))"),
         ("int_restart_count", "restarts", f"sum by ({by('job_id')}) (count_over_time({RESTARTS}[{w}]))"),
         ("int_ettr", "ETTR", f"max by ({by('job_id')}) (avg_over_time({ETTR}[{w}]))"),
@@ -108,6 +111,12 @@ def compute(results: Results, facts: Facts, cluster_label: str) -> Reliability:
     onsets: dict[tuple[str, str], dict[str, int]] = {}
     for (cluster, job_id, cause), value in results.vector("int_onsets", cluster_label, "job_id", "cause").items():
         onsets.setdefault((cluster, job_id), {})[cause] = round(value)
+    for key, value in results.vector("int_save_pauses", cluster_label, "job_id").items():
+        causes = onsets.get(key, {})
+        if "none" in causes:                  # a long save read as an interruption until it ended
+            causes["none"] = max(0, causes["none"] - round(value))
+            if not causes["none"]:
+                del causes["none"]
     single = {name: results.vector(name, cluster_label, "job_id") for name in QUERY_NAMES[1:]}
     jobs = []
     for (cluster, job_id), job in sorted(facts.jobs.items()):
