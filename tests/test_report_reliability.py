@@ -89,3 +89,12 @@ def test_lost_progress_is_a_badput_cause_taken_out_of_goodput():
     assert badput["data"] == pytest.approx(0.02 * keep) and badput["straggler"] == pytest.approx(0.01 * keep)
     assert job.goodput == pytest.approx((0.95 - 0.02 - 0.01) * keep)
     assert job.goodput + sum(badput.values()) == pytest.approx(1.0)
+
+
+def test_a_long_checkpoint_save_is_taken_back_from_the_interruptions():
+    data = results([("none", 2), ("xid", 1)])
+    outcome = vec("int_save_pauses", [(A, 1)])
+    data.outcomes[outcome.query.name] = outcome
+    facts = compute(data, SETTINGS, WINDOW, GRID, SPACING)
+    (job,) = reliability.compute(data, facts, SETTINGS.cluster_label).jobs
+    assert job.interruptions == {"none": 1, "xid": 1}
