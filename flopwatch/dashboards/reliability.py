@@ -117,8 +117,10 @@ def _jobs_interruptions_checkpoints_goodput(board: c.Board) -> None:
         c.timeseries_panel(
             "Checkpoint time", "Share of each rank's time spent saving or restoring checkpoints, averaged "
             "over the job's ranks, by kind. Long or frequent checkpoints show here and as checkpoint "
-            "badput.", c.PERCENT)
+            "badput; FlopWatchCheckpointIntervalOff tickets a day-long job whose interval is more than "
+            "2x off the Young/Daly optimum.", c.PERCENT)
         .min(0)
+        .links(board.runbooks("FlopWatchCheckpointIntervalOff"))
         .with_target(c.query(
             f"avg by (job_id, kind) (rate(flopwatch_train_checkpoint_seconds_total{JOB}[$__rate_interval]))",
             "{{job_id}} {{kind}}")),
