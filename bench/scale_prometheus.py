@@ -47,6 +47,7 @@ import time
 import timeit
 import urllib.request
 from collections import defaultdict
+from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 
@@ -173,22 +174,27 @@ def tsdb_bytes_per_sample(nodes: int, hours: float, step: float = 5.0) -> dict[s
 
 
 # -- one Prometheus, the whole fleet, every rule ------------------------------------------------------
-def _own_metrics(url: str) -> dict[tuple[str, str], float]:
-    """(name, rule group or "") -> value from Prometheus's own /metrics, read directly (its
-    self-scrape can time out on a loaded machine)."""
-    wanted = ("prometheus_rule_group_last_duration_seconds", "prometheus_rule_group_iterations_total",
-              "prometheus_rule_group_iterations_missed_total", "prometheus_rule_group_interval_seconds",
-              "prometheus_rule_evaluation_failures_total", "prometheus_tsdb_head_series",
-              "prometheus_tsdb_head_samples_appended_total", "prometheus_rule_group_rules")
+def server_metrics(url: str, wanted: Collection[str], label: str) -> dict[tuple[str, str], float]:
+    """(name, value of `label` or "") -> sum of the `wanted` series of a server's own /metrics, read
+    directly (a self-scrape can time out on a loaded machine); a rule group's `file;` prefix dropped."""
     out: dict[tuple[str, str], float] = defaultdict(float)
     with urllib.request.urlopen(f"{url}/metrics", timeout=60) as answer:
         for raw in answer.read().decode().splitlines():
             name = raw.split("{", 1)[0].split(" ", 1)[0]
             if name not in wanted:
                 continue
-            group = raw.split('rule_group="', 1)[1].split('"', 1)[0].rsplit(";", 1)[-1] if "rule_group=" in raw else ""
-            out[(name, group)] += float(raw.rsplit(" ", 1)[1])
+            key = raw.split(f'{label}="', 1)[1].split('"', 1)[0].rsplit(";", 1)[-1] if f'{label}="' in raw else ""
+            out[(name, key)] += float(raw.rsplit(" ", 1)[1])
     return out
+
+
+def _own_metrics(url: str) -> dict[tuple[str, str], float]:
+    """(name, rule group or "") -> value from Prometheus's own /metrics."""
+    wanted = ("prometheus_rule_group_last_duration_seconds", "prometheus_rule_group_iterations_total",
+              "prometheus_rule_group_iterations_missed_total", "prometheus_rule_group_interval_seconds",
+              "prometheus_rule_evaluation_failures_total", "prometheus_tsdb_head_series",
+              "prometheus_tsdb_head_samples_appended_total", "prometheus_rule_group_rules")
+    return server_metrics(url, wanted, "rule_group")
 
 
 def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict[str, object]:

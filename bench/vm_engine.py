@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import yaml
 
-from bench.scale_prometheus import _busiest_others, _other_processes
+from bench.scale_prometheus import _busiest_others, _other_processes, server_metrics
 from bench.sim_capacity import cpu_seconds
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet
@@ -110,21 +110,17 @@ def vmalert_rules(rule_files: list[Path], workdir: Path) -> tuple[list[Path], li
 def vmalert_metrics(url: str) -> dict[tuple[str, str], float]:
     """(name, group or "") -> value of vmalert's per-group iteration figures and error counters; the
     duration summary's quantiles are left out (its _sum and _count give exact means per window)."""
-    wanted = {"vmalert_iteration_total", "vmalert_iteration_missed_total", "vmalert_iteration_interval_seconds",
-              "vmalert_iteration_duration_seconds_sum", "vmalert_iteration_duration_seconds_count",
-              "vmalert_execution_errors_total", "vmalert_execution_total", "vmalert_remotewrite_sent_rows_total",
-              "vmalert_recording_rules_error", "vmalert_alerting_rules_error"}
-    out: dict[tuple[str, str], float] = defaultdict(float)
-    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as answer:
-        for raw in answer.read().decode().splitlines():
-            name = raw.split("{", 1)[0].split(" ", 1)[0]
-            if name not in wanted:
-                continue
-            group = raw.split('group="', 1)[1].split('"', 1)[0] if 'group="' in raw else ""
-            if name.endswith("rules_error"):
-                group = raw.split("{", 1)[1].split(",", 1)[0].split('"')[1] + f" ({group})"  # rule name
-            out[(name, group)] += float(raw.rsplit(" ", 1)[1])
-    return out
+    return server_metrics(url, ("vmalert_iteration_total", "vmalert_iteration_missed_total",
+                                "vmalert_iteration_interval_seconds", "vmalert_iteration_duration_seconds_sum",
+                                "vmalert_iteration_duration_seconds_count", "vmalert_execution_errors_total",
+                                "vmalert_execution_total"), "group")
+
+
+def rules_in_error(url: str) -> list[str]:
+    """The rules whose last evaluation failed, by vmalert's per-rule error gauges."""
+    failing = {**server_metrics(url, ("vmalert_recording_rules_error",), "recording"),
+               **server_metrics(url, ("vmalert_alerting_rules_error",), "alertname")}
+    return sorted(rule for (_, rule), value in failing.items() if value)
 
 
 def _rows_inserted(victoria_url: str) -> float:
@@ -241,7 +237,7 @@ def serve_with_vmalert(fleet: Fleet, targets_expected: int, seconds: float, inte
                                f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
         series = client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0
         return _report(fleet, targets_expected, interval, tick, scrape_only, with_rules, failed, series, ticks,
-                       removals, vmalert_metrics(vmalert.url))
+                       removals, rules_in_error(vmalert.url))
     finally:
         stop.set()
         ticker.join(30)
@@ -253,7 +249,7 @@ def serve_with_vmalert(fleet: Fleet, targets_expected: int, seconds: float, inte
 
 def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scrape_only: dict[str, Any],
             rules: dict[str, Any], failed: float | None, series: float, ticks: list[float],
-            removals: list[dict[str, str]], final: dict[tuple[str, str], float]) -> dict[str, Any]:
+            removals: list[dict[str, str]], failing: list[str]) -> dict[str, Any]:
     """The figures, named as bench/scale_prometheus.py names Prometheus's where they mean the same."""
     groups = _groups(rules)
     nodes, gpus = len(fleet.nodes), len(fleet.nodes) * fleet.scenario.fleet.gpus_per_node
@@ -284,8 +280,7 @@ def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scr
         "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
         "rule_evaluation_failures": last.get(("vmalert_execution_errors_total", ""), 0.0)
         - first.get(("vmalert_execution_errors_total", ""), 0.0),
-        "rules_in_error_at_end": sorted(rule for (name, rule), value in final.items()
-                                        if name.endswith("rules_error") and value),
+        "rules_in_error_at_end": failing,
         "missed_iterations": sum(g["missed"] for g in groups.values()),
         "slowest_group_max_s": round(max(g["duration_max_s"] for g in groups.values()), 3),
         "load_average_1m_at_start": round(scrape_only["load_1m_at_start"], 2),
