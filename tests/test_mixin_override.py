@@ -34,7 +34,7 @@ jobs:
   mfu_regression: {ratio: 0.8}
   goodput_low: {target: 0.7}
 agent: {collector_errors_per_second: 0.05}
-network: {symbol_errors_per_hour: 240}
+network: {symbol_errors_per_hour: 100}
 stragglers: {host_cpu_busy: 0.85}
 """
 RAW = re.compile(rf"(?<![\w:\"'])({render.SERIES['agent']}|{render.SERIES['dcgm']})(?![\w:])(\{{[^}}]*\}})?")
@@ -126,4 +126,4 @@ def test_override_alertmanager_config_routes_the_renamed_severities(built: Path)
 def test_the_override_file_is_read_as_written(built: Path) -> None:
     config = load(built / "fw.yml")
     assert (config.selectors.agent, config.dtype, config.network.symbol_errors_per_hour) == \
-        ('job="gpu-agents"', "fp16", 240)
+        ('job="gpu-agents"', "fp16", 100)

@@ -208,7 +208,7 @@ def _flap_alert(erroring: int, flapping: int) -> dict:
 def _flapping_port(number: int, downs: int) -> dict:
     """A port's own flapping page, with its switch so that the switch alert holds it back."""
     node = f"n{number:02d}"
-    return {"exp_labels": {"severity": "page", "node": node, "device": "mlx5_0", "port": "1",
+    return {"exp_labels": {"severity": "[[ sev.page ]]", "node": node, "device": "mlx5_0", "port": "1",
                            "switch": "leaf3", "level": "leaf"},
             "exp_annotations": {
                 "summary": f"{node} mlx5_0 port 1 (cable to leaf switch leaf3) is flapping ({downs} downs in 10m)",
