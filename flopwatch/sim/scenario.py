@@ -18,14 +18,24 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flopwatch import durations, yamlfile
+from flopwatch import yamlfile
 from flopwatch.hardware import GpuModel, known_names, model_by_name
 from flopwatch.sim import failures as failure_draws
+
+# The field reader's names are part of this module's interface (callers import them from here).
+from flopwatch.sim.scenario_reader import (  # noqa: F401
+    Reader,
+    ScenarioError,
+    fault_nic,
+    fault_window,
+    node_name,
+    parse_duration,
+    parse_index_set,
+)
 from flopwatch.topology.model import Fabric, TopologyError
 from flopwatch.train.flops import DecoderShape
 
@@ -70,44 +80,6 @@ DEFAULT_SLOWDOWN = {
     "switch_degrade": 0.5, "uplink_slow": 0.5, "cable_flap": 0.05,
 }
 
-
-
-class ScenarioError(ValueError):
-    """The scenario file is wrong; the message names the field and what is expected."""
-
-
-def node_name(index: int) -> str:
-    """The simulated node's name: what its agent labels `node` and what a `fabric:` names."""
-    return f"node{index:04d}"
-
-
-def parse_duration(value: Any, where: str) -> float:
-    """'1m30s' -> 90.0 (Prometheus's grammar, flopwatch/durations.py); plain numbers are seconds."""
-    try:
-        return durations.parse_duration(value, where)
-    except durations.DurationError as error:
-        raise ScenarioError(str(error)) from None
-
-
-def parse_index_set(value: Any, where: str, limit: int) -> list[int]:
-    """'0-3,8,10-11' or [0, 1] or 5 -> sorted unique indices, each below `limit`."""
-    items = value if isinstance(value, list) else str(value).split(",")
-    out: set[int] = set()
-    for item in items:
-        text = str(item).strip()
-        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", text)
-        if not match:
-            raise ScenarioError(f"{where}: expected node indices like \"0-127\" or \"0,4,8-11\", got {value!r}")
-        low = int(match.group(1))
-        high = int(match.group(2)) if match.group(2) else low
-        if high < low:
-            raise ScenarioError(f"{where}: range {text!r} runs backwards")
-        if high >= limit:
-            raise ScenarioError(f"{where}: node {high} is out of range (the fleet has nodes 0-{limit - 1})")
-        out.update(range(low, high + 1))
-    if not out:
-        raise ScenarioError(f"{where}: names no node")
-    return sorted(out)
 
 
 @dataclass(frozen=True)
@@ -201,66 +173,11 @@ class Scenario:
     failures: failure_draws.FailureSpec | None = None   # `failures:`, interruptions drawn at a rate
 
 
-class _Reader:
-    """Typed field access with errors that name the path of the field."""
-
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, dict):
-            raise ScenarioError(f"{where}: expected a mapping, got {type(data).__name__}")
-        self.data, self.where = data, where
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def raw(self, key: str, default: Any = ...) -> Any:
-        if not self.has(key):
-            if default is ...:
-                raise ScenarioError(f"{self.path(key)}: required field is missing")
-            return default
-        return self.data[key]
-
-    def number(self, key: str, low: float, high: float, default: Any = ...) -> float:
-        value = self.raw(key, default)
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ScenarioError(f"{self.path(key)}: expected a number, got {value!r}") from None
-        if not low <= number <= high:
-            raise ScenarioError(f"{self.path(key)}: expected a number from {low:g} to {high:g}, got {value!r}")
-        return number
-
-    def integer(self, key: str, low: int, high: int, default: Any = ...) -> int:
-        number = self.number(key, low, high, default)
-        if not float(number).is_integer():
-            raise ScenarioError(f"{self.path(key)}: expected a whole number, got {self.raw(key)!r}")
-        return int(number)
-
-    def duration(self, key: str, default: Any = ...) -> float:
-        value = self.raw(key, default)
-        return value if isinstance(value, float) and not self.has(key) else parse_duration(value, self.path(key))
-
-    def text(self, key: str, default: Any = ...) -> str:
-        value = self.raw(key, default)
-        if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
-            raise ScenarioError(f"{self.path(key)}: expected text, got {value!r}")
-        return str(value).strip()
-
-    def check_keys(self, allowed: set[str]) -> None:
-        for key in self.data:
-            if key not in allowed:
-                raise ScenarioError(f"{self.path(str(key))}: unknown field (known: {', '.join(sorted(allowed))})")
-
-
 def parse(data: Any, source: str = "") -> Scenario:
-    top = _Reader(data, "")
+    top = Reader(data, "")
     top.check_keys({"name", "seed", "duration", "scrape_interval", "fleet", "jobs", "faults", "description",
                     "fabric", "failures"})
-    fleet_r = _Reader(top.raw("fleet"), "fleet")
+    fleet_r = Reader(top.raw("fleet"), "fleet")
     fleet_r.check_keys({"nodes", "gpus_per_node", "gpu_model", "nics_per_node", "exporter"})
     model_name = fleet_r.text("gpu_model", "H100-SXM")
     gpu_model = model_by_name(model_name)
@@ -313,7 +230,7 @@ def parse(data: Any, source: str = "") -> Scenario:
     fabric = parse_fabric(top, fleet, base)
     faults = [parse_fault(item, f"faults[{i}]", i, fleet, duration, fabric) for i, item in enumerate(faults_raw)]
     seed = top.integer("seed", 0, 2**32 - 1, 0)
-    drawn = failure_draws.parse(top.raw("failures"), "failures", seed, _Reader, ScenarioError) \
+    drawn = failure_draws.parse(top.raw("failures"), "failures", seed, Reader, ScenarioError) \
         if top.has("failures") else None
     return Scenario(
         name=top.text("name", "scenario"), seed=seed, duration=duration,
@@ -333,19 +250,19 @@ TRACE_DEFAULT_MODEL = {"params": 7e9, "layers": 32, "heads": 32, "head_dim": 128
 TRACE_DEFAULT_TOKENS = 1_048_576
 
 
-def _pipeline(r: _Reader, ranks: int) -> PipelineSpec | None:
+def _pipeline(r: Reader, ranks: int) -> PipelineSpec | None:
     """`pipeline: {stages, stage_weights, micro_batches}`; ranks must split evenly into stages."""
     if not r.has("pipeline"):
         return None
     where = r.path("pipeline")
-    p = _Reader(r.raw("pipeline"), where)
+    p = Reader(r.raw("pipeline"), where)
     p.check_keys({"stages", "stage_weights", "micro_batches"})
     stages = p.integer("stages", 1, 1024)
     weights_raw = p.raw("stage_weights", [1.0] * stages)
     if not isinstance(weights_raw, list) or len(weights_raw) != stages:
         raise ScenarioError(f"{where}.stage_weights: expected a list of {stages} numbers (one per stage), "
                             f"got {weights_raw!r}")
-    weights = _Reader({str(i): w for i, w in enumerate(weights_raw)}, f"{where}.stage_weights")
+    weights = Reader({str(i): w for i, w in enumerate(weights_raw)}, f"{where}.stage_weights")
     stage_weights = tuple(weights.number(str(i), 0.05, 20) for i in range(stages))
     micro = p.integer("micro_batches", 1, 100_000, max(1, 4 * stages))
     if ranks % stages:
@@ -353,7 +270,7 @@ def _pipeline(r: _Reader, ranks: int) -> PipelineSpec | None:
     return PipelineSpec(stages, stage_weights, micro)
 
 
-def _trace(r: _Reader, base: Path) -> TraceSpec | None:
+def _trace(r: Reader, base: Path) -> TraceSpec | None:
     """`trace: PATH` (relative to the scenario file) or `trace: whatif:AR` (a trace FlopWatch ships),
     with `time_scale` and `loop`; read once to check it."""
     if not r.has("trace"):
@@ -380,7 +297,7 @@ def _trace_seconds(trace: TraceSpec) -> float:
 
 
 def _job(data: Any, where: str, fleet: FleetSpec, duration: float, base: Path | None = None) -> JobSpec:
-    r = _Reader(data, where)
+    r = Reader(data, where)
     r.check_keys({"id", "nodes", "model", "tokens_per_step", "target_mfu", "step_jitter", "start", "end",
                   "user", "checkpoint_every", "checkpoint_seconds", "recompute", "pipeline",
                   "sequence_imbalance", "trace", "time_scale", "loop"})
@@ -395,8 +312,8 @@ def _job(data: Any, where: str, fleet: FleetSpec, duration: float, base: Path | 
     if trace is not None and not r.has("model"):
         data = {**data, "model": TRACE_DEFAULT_MODEL, "tokens_per_step": data.get("tokens_per_step",
                                                                                   TRACE_DEFAULT_TOKENS)}
-        r = _Reader(data, where)
-    m = _Reader(r.raw("model"), f"{where}.model")
+        r = Reader(data, where)
+    m = Reader(r.raw("model"), f"{where}.model")
     m.check_keys({"params", "layers", "heads", "head_dim", "seq_len"})
     shape = DecoderShape(
         params=m.number("params", 1e6, 1e14), layers=m.integer("layers", 1, 10_000),
@@ -432,7 +349,7 @@ def _job(data: Any, where: str, fleet: FleetSpec, duration: float, base: Path | 
     )
 
 
-def _job_nodes(r: _Reader, where: str, fleet: FleetSpec, trace: TraceSpec | None) -> list[int]:
+def _job_nodes(r: Reader, where: str, fleet: FleetSpec, trace: TraceSpec | None) -> list[int]:
     """The job's nodes; a trace job needs ceil(workers / gpus_per_node) of them (the first ones by default)."""
     if trace is None:
         return parse_index_set(r.raw("nodes"), f"{where}.nodes", fleet.nodes)
@@ -451,7 +368,7 @@ def _job_nodes(r: _Reader, where: str, fleet: FleetSpec, trace: TraceSpec | None
 
 def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: float,
                 fabric: Fabric | None = None) -> FaultSpec:
-    r = _Reader(data, where)
+    r = Reader(data, where)
     r.check_keys({"kind", "node", "gpu", "nic", "start", "duration", "slowdown", "xid", "switch", "uplink", "mode"})
     kind = r.text("kind")
     if kind not in FAULT_KINDS:
@@ -464,12 +381,12 @@ def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: f
     target = FAULT_KINDS[kind][0]
     gpu = nic = None
     if target in ("nic", "link"):
-        nic = _nic(r, kind, fleet)
+        nic = fault_nic(r, kind, fleet.nics_per_node)
     if target == "gpu":
         gpu = r.integer("gpu", 0, 10**9, 0)
         if gpu >= fleet.gpus_per_node:
             raise ScenarioError(f"{where}.gpu: GPU {gpu} is out of range (nodes have GPUs 0-{fleet.gpus_per_node - 1})")
-    start, end = _window(r, duration)
+    start, end = fault_window(r, duration)
     xid = None
     if kind == "xid":
         xid = r.integer("xid", 1, 1000)
@@ -481,29 +398,12 @@ def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: f
     )
 
 
-def _nic(r: _Reader, kind: str, fleet: FleetSpec) -> int:
-    if fleet.nics_per_node == 0:
-        raise ScenarioError(f"{r.where}: a {kind} fault needs NICs, but fleet.nics_per_node is 0")
-    nic = r.integer("nic", 0, 10**9, 0)
-    if nic >= fleet.nics_per_node:
-        raise ScenarioError(f"{r.where}.nic: NIC {nic} is out of range (nodes have NICs 0-{fleet.nics_per_node - 1})")
-    return nic
-
-
-def _window(r: _Reader, duration: float) -> tuple[float, float]:
-    """The fault's (start, end), the end clipped to the scenario."""
-    start = r.duration("start")
-    if start >= duration:
-        raise ScenarioError(f"{r.where}.start: the fault would start after the scenario ends")
-    return start, min(duration, start + r.duration("duration", duration - start))
-
-
-def parse_fabric(top: _Reader, fleet: FleetSpec, base: Path) -> Fabric | None:
+def parse_fabric(top: Reader, fleet: FleetSpec, base: Path) -> Fabric | None:
     """`fabric: {rail_optimised: true, nodes_per_leaf, spines}` or `{topology: FILE, rails: FILE}`
     (paths relative to the scenario file), over the fleet's node names."""
     if not top.has("fabric"):
         return None
-    r = _Reader(top.raw("fabric"), "fabric")
+    r = Reader(top.raw("fabric"), "fabric")
     r.check_keys({"rail_optimised", "nodes_per_leaf", "spines", "topology", "rails"})
     names = [node_name(i) for i in range(fleet.nodes)]
     if r.raw("rail_optimised", False) is True:
@@ -533,7 +433,7 @@ def parse_fabric(top: _Reader, fleet: FleetSpec, base: Path) -> Fabric | None:
     return fabric
 
 
-def parse_fabric_fault(r: _Reader, kind: str, index: int, fleet: FleetSpec, duration: float,
+def parse_fabric_fault(r: Reader, kind: str, index: int, fleet: FleetSpec, duration: float,
                   fabric: Fabric | None) -> FaultSpec:
     """switch_degrade {switch, mode}, uplink_slow {switch, uplink}, cable_flap {node, nic}: named
     in the scenario's fabric."""
@@ -548,7 +448,7 @@ def parse_fabric_fault(r: _Reader, kind: str, index: int, fleet: FleetSpec, dura
         node = r.integer("node", 0, 10**9)
         if node >= fleet.nodes:
             raise ScenarioError(f"{where}.node: node {node} is out of range (the fleet has nodes 0-{fleet.nodes - 1})")
-        nic = _nic(r, kind, fleet)
+        nic = fault_nic(r, kind, fleet.nics_per_node)
         switch = port_switch(fabric, node_name(node), nic)
         if switch is None:
             raise ScenarioError(f"{where}: the fabric does not say which leaf {node_name(node)} NIC {nic} plugs into")
@@ -567,7 +467,7 @@ def parse_fabric_fault(r: _Reader, kind: str, index: int, fleet: FleetSpec, dura
             if uplink not in fabric.uplinks(switch):
                 raise ScenarioError(f"{where}.uplink: {switch} has no uplink to {uplink!r} "
                                     f"(it has: {', '.join(fabric.uplinks(switch)) or 'none'})")
-    start, end = _window(r, duration)
+    start, end = fault_window(r, duration)
     return FaultSpec(kind=kind, node=node, gpu=None, nic=nic, start=start, end=end,
                      slowdown=r.number("slowdown", 0, 0.9, DEFAULT_SLOWDOWN[kind]), xid=None, index=index,
                      switch=switch, uplink=uplink, mode=mode)
