@@ -10,7 +10,8 @@ import pytest
 
 from flopwatch.detect import detect
 from flopwatch.detect.alerts import Episode
-from flopwatch.detect.scoring import GRACE_S, alert_cause, classify, healthy_gpu_hours, score_scenario, summarize
+from flopwatch.detect.scoring import GRACE_S, alert_cause, classify, healthy_gpu_hours, score_scenario
+from flopwatch.detect.summary import summarize
 from flopwatch.sim.scenario import parse
 
 START = 1_700_000_000.0

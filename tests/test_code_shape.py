@@ -19,8 +19,6 @@ DATA_TABLES: dict[str, str] = {}
 
 #: "path" or "path:function" -> what is pending; remove the entry with the split.
 PENDING_SPLIT: dict[str, str] = {
-    "flopwatch/detect/scoring.py": "scoring grew ETTR and interruption scores (557 lines)",
-    "flopwatch/detect/scoring.py:summarize": "the suite summary grew interruption figures (83 lines)",
 }
 
 

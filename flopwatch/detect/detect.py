@@ -22,7 +22,8 @@ from typing import Any
 from flopwatch.detect import rules as rule_files
 from flopwatch.detect.engine import OBSERVED, PrometheusEngine, RunResult
 from flopwatch.detect.pages import AlertmanagerConfig, AlertmanagerConfigError
-from flopwatch.detect.scoring import ScenarioScore, score_scenario, summarize
+from flopwatch.detect.scoring import ScenarioScore, score_scenario
+from flopwatch.detect.summary import summarize
 from flopwatch.sim.scenario import Scenario, ScenarioError, load
 
 QUICK_MAX_GPUS = 64

@@ -39,7 +39,6 @@ Definitions (docs/detection.md says the same for users):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,9 +52,7 @@ from flopwatch.detect.fabric_scoring import (
     FABRIC_LATENCY_TARGET_S,
     count_pages,
     fabric_target,
-    fabric_targets,
     job_hit,
-    page_figures,
     port_match,
     switch_match,
 )
@@ -427,131 +424,3 @@ def score_scenario(scenario: Scenario, truth: dict[str, Any], episodes: list[Epi
     if alertmanager is not None:
         count_pages(score, alertmanager, until=score.duration + GRACE_S)
     return score
-
-
-# -- the suite ---------------------------------------------------------------------------------
-def _ratio(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
-@dataclass
-class Target:
-    what: str
-    measured: str
-    met: bool | None
-
-
-def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
-    faults = [f for s in scores for f in s.faults]
-    episodes = [e for s in scores for e in s.episodes]
-    located = [e for e in episodes if e.located]
-    detected = [f for f in faults if f.detected]
-    with_cause = [f for f in detected if f.cause_right is not None]
-    false = [e for e in episodes if not e.true and e.alertname != IMBALANCE_ALERT]
-    false_straggler = [e for e in false if e.alertname == STRAGGLER_ALERT]
-    gpu_hours = sum(s.gpu_hours for s in scores)
-    healthy = sum(s.healthy_gpu_hours for s in scores)
-    gpu_days = gpu_hours / 24
-    mfu = [m for s in scores for m in s.mfu]
-    headline = [f for f in faults if f.ranks >= 1024 and f.slowdown <= 0.05 + 1e-9 and f.kind in SLOW_RANK_KINDS]
-    targeted = [f for f in faults if f.latency_target is not None and f.kind not in FABRIC_KINDS]
-    kinds: dict[str, dict[str, Any]] = {}
-    for f in faults:
-        row = kinds.setdefault(f.kind, {"faults": 0, "detected": 0, "cause_right": 0, "latencies": [],
-                                        "max_pages": None})
-        row["faults"] += 1
-        if f.pages is not None:
-            row["max_pages"] = max(row["max_pages"] or 0, f.pages)
-        if f.detected:
-            row["detected"] += 1
-            row["cause_right"] += int(bool(f.cause_right))
-            row["latencies"].append(f.latency)
-    for row in kinds.values():
-        lat = row.pop("latencies")
-        row["median_latency_s"] = _percentile(lat, 50)
-        row["max_latency_s"] = max(lat) if lat else None
-    precision = _ratio(sum(e.true for e in located), len(located))
-    recall = _ratio(len(detected), len(faults))
-    cause = _ratio(sum(bool(f.cause_right) for f in with_cause), len(with_cause))
-    worst_mfu = max((m.error_pp for m in mfu), default=None)
-    head_ok = [f.within_target for f in headline]
-    targets = [
-        Target("5% slow rank in a 1,024-GPU job named within 30 s (3 steps if steps > 10 s)",
-               ", ".join(f"{f.latency:.0f} s" if f.latency is not None else "missed" for f in headline) or "none run",
-               all(head_ok) if headline else None),
-        Target("slow-rank faults named within their latency target",
-               f"{sum(bool(f.within_target) for f in targeted)}/{len(targeted)}",
-               all(f.within_target for f in targeted) if targeted else None),
-        Target("precision >= 0.95", _fmt(precision), None if precision is None else precision >= 0.95),
-        Target("recall >= 0.95", _fmt(recall), None if recall is None else recall >= 0.95),
-        Target("cause right >= 90% of detections", _fmt(cause), None if cause is None else cause >= 0.90),
-        Target(f"zero false straggler alerts over >= 10,000 healthy GPU-hours ({healthy:,.0f} run)",
-               str(len(false_straggler)), len(false_straggler) == 0 and healthy >= 10_000),
-        Target("job MFU within 0.5 pp of truth in steady state",
-               f"{worst_mfu:.2f} pp worst" if worst_mfu is not None else "no steady stretch",
-               None if worst_mfu is None else worst_mfu <= 0.5),
-    ]
-    latencies = [f.latency for f in detected if f.latency is not None]
-    jobs = [j for s in scores for j in s.jobs]
-    staged = [j for j in jobs if j.slow_stage is not None]
-    imbalance_pages = sum(j.pages for s in scores if s.imbalance_only for j in s.jobs)
-    worst = _worst_errors([j for j in jobs if j.source != "trace"])
-    worst_trace = _worst_errors([j for j in jobs if j.source == "trace"])
-    targets += [
-        Target("stage-imbalance tickets name the right stage in every pipeline job with a slow stage",
-               f"{sum(bool(j.stage_right) for j in staged)}/{len(staged)}",
-               all(j.stage_right for j in staged) if staged else None),
-        Target("no straggler page in scenarios whose only problem is imbalance", str(imbalance_pages),
-               imbalance_pages == 0 if any(s.imbalance_only for s in scores) else None),
-        *_job_targets(worst, worst_trace),
-        *(Target(*row) for row in fabric_targets(scores)),
-    ]
-    return {
-        **page_figures(scores),
-        "stage_tickets_right": _ratio(sum(bool(j.stage_right) for j in staged), len(staged)),
-        "imbalance_only_pages": imbalance_pages,
-        "job_error_pp_max": worst, "trace_job_error_pp_max": worst_trace,
-        "scenarios": len(scores), "faults": len(faults), "detected": len(detected),
-        "episodes": len(episodes), "located_episodes": len(located), "false_episodes": len(false),
-        "false_straggler_episodes": len(false_straggler),
-        "precision": precision, "recall": recall, "cause_accuracy": cause,
-        "latency_median_s": _percentile(latencies, 50), "latency_p90_s": _percentile(latencies, 90),
-        "latency_max_s": max(latencies) if latencies else None,
-        "gpu_hours": gpu_hours, "healthy_gpu_hours": healthy,
-        "false_alerts_per_1000_gpu_days": len(false) / gpu_days * 1000 if gpu_days else None,
-        "false_straggler_alerts_per_1000_gpu_days": len(false_straggler) / gpu_days * 1000 if gpu_days else None,
-        "mfu_error_pp_max": worst_mfu,
-        "mfu_error_pp_mean": float(np.mean([m.error_pp for m in mfu])) if mfu else None,
-        "by_kind": kinds, "targets": [asdict(t) for t in targets],
-    }
-
-
-def _worst_errors(jobs: list[JobScore]) -> dict[str, float | None]:
-    """The largest error (pp) over these jobs of each per-job figure; None where none was recorded."""
-    errors = {key: [j.error_pp[key] for j in jobs if j.error_pp[key] is not None] for _, _, key in JOB_FIGURES}
-    return {key: max(v) if v else None for key, v in errors.items()}
-
-
-def _job_targets(worst: dict[str, float | None], trace: dict[str, float | None]) -> list[Target]:
-    """Per-job rows: simulated jobs against the simulator's truth, trace jobs against the study."""
-    paired = {k: v for k, v in worst.items() if k != "lost_share" and v is not None}
-    lost, study = worst["lost_share"], trace["lost_share"]
-    return [
-        Target("goodput and straggler badput per job within 1 pp of truth (simulated jobs)",
-               ", ".join(f"{k} {v:.2f} pp worst" for k, v in paired.items()) or "not recorded",
-               max(paired.values()) <= 1.0 if paired else None),
-        Target("share of step time lost per job within 5 pp of truth (simulated jobs)",
-               f"{lost:.2f} pp worst" if lost is not None else "not recorded",
-               None if lost is None else lost <= 5.0),
-        Target("share of step time lost within 5 pp of the study (trace jobs)",
-               f"{study:.2f} pp worst" if study is not None else "not recorded",
-               None if study is None else study <= 5.0),
-    ]
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
