@@ -28,11 +28,6 @@ from integration.test_dashboard_queries import DEADLINE_S, SCENARIO, UNFILLED_CO
 
 pytestmark = pytest.mark.integration
 
-#: Queries the test's minutes of data cannot fill, and why (the same in test_dashboard_queries.py's run).
-NEEDS_HISTORY = {
-    "switch:flopwatch_fabric_ports_xmit_wait:ratio": "a port's usual waits are its median over the hour before the "
-                                                     "last 5 minutes (node_port:flopwatch_nic_xmit_wait:baseline1h)",
-}
 OVERRIDE = 'selectors:\n  agent: job="gpu-agents"\ndtype: fp16\nurls:\n  docs: https://wiki.example.internal/gpu\n'
 
 
@@ -74,7 +69,7 @@ def override_targets(override: Path) -> list[checks.Target]:
 
 def test_override_panel_queries_return_series_with_their_labels(override, prometheus) -> None:
     client, start = prometheus
-    targets = [t for t in override_targets(override) if not any(record in t.expr for record in NEEDS_HISTORY)]
+    targets = override_targets(override)
     assert any("job='gpu-agents'" in t.expr for t in targets), "no panel reads a raw series: nothing checked"
     problems = checks.until_clean(client, start, targets, UNFILLED_COLUMNS, DEADLINE_S)
     assert not problems, f"{len(problems)} of {len(targets)} queries fail:\n" + "\n".join(problems)
