@@ -1,12 +1,14 @@
 """An override config cannot silently break a rule: `flopwatch rules build` with another agent and
-dcgm-exporter selector, dtype, thresholds, severities and URLs writes rules that real promtool
+dcgm-exporter selector, cluster label, dtype, thresholds, severities and URLs writes rules that real promtool
 accepts and whose promtool tests (rendered with the same settings, input series relabelled for the
 selectors) pass; every raw series in every expression carries its selector; Alertmanager's config
-passes amtool and routes the renamed severities. Real promtool and amtool (Debian packages
+passes amtool, routes the renamed severities and groups and inhibits by the renamed cluster label,
+which the report groups by too when it reads the same file. Real promtool and amtool (Debian packages
 `prometheus`, `prometheus-alertmanager`)."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 import yaml
 
 from flopwatch.cli import main
+from flopwatch.commands import report as report_command
 from flopwatch.mixin import render
 from flopwatch.mixin.config import load
 from flopwatch.stack.process import MissingBinary, require_binary
@@ -25,6 +28,7 @@ OVERRIDE = """\
 selectors:
   agent: job="gpu-agents"
   dcgm: job="dcgm-gpus"
+labels: {cluster: site}
 dtype: fp16
 severities: {page: critical, ticket: warning}
 urls:
@@ -123,7 +127,27 @@ def test_override_alertmanager_config_routes_the_renamed_severities(built: Path)
         assert routed.stdout.strip() == receiver, routed.stdout + routed.stderr
 
 
+def test_the_cluster_label_reaches_alertmanager_the_notification_and_the_report(
+        built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = yaml.safe_load((built / "alerts" / "alertmanager.yml").read_text())
+    assert config["route"]["group_by"] == ["site", "job_id", "node"]
+    assert all(rule["equal"][0] == "site" for rule in config["inhibit_rules"])
+    assert "cluster" not in str(config["route"]) + str(config["inhibit_rules"])
+    assert 'index .GroupLabels "site"' in (built / "alerts" / "templates" / "flopwatch.tmpl").read_text()
+    monkeypatch.setenv("FLOPWATCH_RULES_CONFIG", str(built / "fw.yml"))   # the environment names the file
+    parser = argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    args = parser.parse_args(["--prometheus", "http://127.0.0.1:9", "--out", str(built / "report")])
+    settings = report_command.load_settings(args)
+    assert (settings.cluster_label, settings.dtype) == ("site", "fp16")
+    (built / "report.yml").write_text("cluster_label: region\n")        # the report's own file wins
+    args = parser.parse_args(["--prometheus", "http://127.0.0.1:9", "--out", str(built / "report"),
+                              "--config", str(built / "report.yml")])
+    assert (report_command.load_settings(args).cluster_label, report_command.load_settings(args).dtype) == \
+        ("region", "fp16")
+
+
 def test_the_override_file_is_read_as_written(built: Path) -> None:
     config = load(built / "fw.yml")
-    assert (config.selectors.agent, config.dtype, config.network.symbol_errors_per_hour) == \
-        ('job="gpu-agents"', "fp16", 100)
+    assert (config.selectors.agent, config.labels.cluster, config.dtype, config.network.symbol_errors_per_hour) == \
+        ('job="gpu-agents"', "site", "fp16", 100)

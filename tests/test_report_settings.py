@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from flopwatch.mixin.config import MixinConfig
 from flopwatch.report.settings import ReportSettings, SettingsError, Thresholds, load, parse
 
 
@@ -24,6 +25,20 @@ def test_a_config_file_under_report_or_at_the_top(tmp_path):
     assert settings.thresholds.idle_share == Thresholds().idle_share
     assert parse({"dtype": "FP8", "cluster_label": "site"}).dtype == "fp8"
     assert parse({"top_jobs_in_charts": 2}).top_jobs_in_charts == 2
+
+
+def test_the_rules_settings_under_the_file(tmp_path):
+    shared = {"cluster_label": "site", "dtype": "fp16"}
+    assert (load(None, shared).cluster_label, load(None, shared).dtype) == ("site", "fp16")
+    path = tmp_path / "report.yml"
+    path.write_text("report:\n  dtype: fp8\n")
+    assert (load(path, shared).cluster_label, load(path, shared).dtype) == ("site", "fp8")
+    with pytest.raises(SettingsError, match=r"rules config fw\.yml: dtype = 'int4'"):
+        load(path, {"dtype": "int4"}, "rules config fw.yml")
+
+
+def test_the_default_cluster_label_is_the_rules_default():
+    assert ReportSettings().cluster_label == MixinConfig().labels.cluster
 
 
 def test_flags_win_over_the_file(tmp_path):

@@ -5,6 +5,7 @@ amtool. Real promtool and amtool (Debian packages `prometheus`, `prometheus-aler
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -248,7 +249,8 @@ def test_alertmanager_routes_by_severity(labels: list[str], receiver: str) -> No
 
 def test_alertmanager_groups_by_job_and_node_and_inhibits_on_lost_gpus() -> None:
     config = yaml.safe_load((ALERTS / "alertmanager.yml").read_text())
-    assert config["route"]["group_by"] == ["job_id", "node"]
+    assert config["route"]["group_by"] == ["cluster", "job_id", "node"]
+    assert all(rule["equal"][0] == "cluster" for rule in config["inhibit_rules"])
     sources = {tuple(rule["source_matchers"]) for rule in config["inhibit_rules"]}
     assert ('alertname="FlopWatchAgentDown"',) in sources and ('alertname="FlopWatchGpuLost"',) in sources
 
@@ -260,6 +262,23 @@ def test_templates_render(template: str) -> None:
                  f'--template.text={{{{ template "{template}" . }}}}', cwd=ALERTS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
+
+
+def test_title_names_the_job_node_and_cluster(tmp_path: Path) -> None:
+    amtool = tool("amtool", "prometheus-alertmanager")
+    labels = {"alertname": "FlopWatchStraggler", "severity": "page", "job_id": "4242", "node": "gpu-07",
+              "cluster": "east"}
+    alert = {"status": "firing", "labels": labels, "annotations": {"summary": "s"}, "startsAt": "2026-01-01T00:00:00Z",
+             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": "1"}
+    data = {"receiver": "page", "status": "firing", "alerts": [alert], "externalURL": "",
+            "groupLabels": {k: labels[k] for k in ("cluster", "job_id", "node")}, "commonLabels": labels,
+            "commonAnnotations": {}}
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    result = run(amtool, "template", "render", "--template.glob=templates/*.tmpl",
+                 f"--template.data={tmp_path / 'data.json'}", '--template.text={{ template "flopwatch.title" . }}',
+                 cwd=ALERTS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[PAGE] Straggler job 4242 on gpu-07 (east)"
 
 
 def test_local_alertmanager_config_keeps_routing_and_talks_only_to_the_webhook(tmp_path: Path) -> None:

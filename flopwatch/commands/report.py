@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from flopwatch.commands.rules import CONFIG_ENV as RULES_CONFIG_ENV
 from flopwatch.errors import RuntimeFailure, UsageError
 from flopwatch.report import ReportSettings, SettingsError, Unreachable, WindowError, build, resolve, write
 from flopwatch.report import settings as report_settings
@@ -28,14 +30,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price-gpu-hour", type=str, metavar="Y", help="price of one GPU-hour, for costs")
     parser.add_argument("--config", metavar="FILE",
                         help="report settings (YAML): prices, currency, dtype, cluster_label, teams, thresholds")
+    parser.add_argument("--rules-config", metavar="FILE", default=os.environ.get(RULES_CONFIG_ENV) or None,
+                        help="the rules' settings (`flopwatch rules build --config`, else $FLOPWATCH_RULES_CONFIG): "
+                        "the report groups by its labels.cluster and divides by its dtype unless --config sets "
+                        "cluster_label or dtype")
     parser.add_argument("--no-pdf", action="store_true", help="skip report.pdf (it needs Chromium)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def load_settings(args: argparse.Namespace) -> ReportSettings:
+def shared_rule_settings(path: str | None) -> dict[str, str]:
+    """The rules' settings the report shares: the cluster label and the peak dtype."""
+    from flopwatch.config import ConfigError
+    from flopwatch.mixin import config as mixin_config
+
     try:
-        return report_settings.load(args.config).with_overrides(price_kwh=args.price_kwh,
-                                                                price_gpu_hour=args.price_gpu_hour)
+        rules = mixin_config.load(path)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    return {"cluster_label": rules.labels.cluster, "dtype": rules.dtype}
+
+
+def load_settings(args: argparse.Namespace) -> ReportSettings:
+    shared = shared_rule_settings(args.rules_config)
+    try:
+        return report_settings.load(args.config, shared, f"rules config {args.rules_config}").with_overrides(
+            price_kwh=args.price_kwh, price_gpu_hour=args.price_gpu_hour)
     except SettingsError as error:
         raise UsageError(str(error)) from None
 

@@ -28,6 +28,8 @@ Duration = NewType("Duration", str)
 Selector = NewType("Selector", str)
 #: An absolute http(s) URL without a trailing slash.
 Url = NewType("Url", str)
+#: A Prometheus label name (`cluster`, `site`).
+LabelName = NewType("LabelName", str)
 #: The `dtype` label value of the peak FLOP/s that MFU divides by (bf16, fp16, fp8, tf32...).
 Dtype = NewType("Dtype", str)
 
@@ -46,6 +48,13 @@ def duration_seconds(text: str) -> float:
 class Selectors:
     agent: Selector = Selector("")
     dcgm: Selector = Selector("")
+
+
+@dataclass(frozen=True)
+class Labels:
+    #: The external label that names a cluster (each Prometheus's `external_labels`): Alertmanager
+    #: groups and inhibits within a cluster by it, and `flopwatch report --rules-config` groups by it.
+    cluster: LabelName = LabelName("cluster")
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ class Stragglers:
 @dataclass(frozen=True)
 class MixinConfig:
     selectors: Selectors = field(default_factory=Selectors)
+    labels: Labels = field(default_factory=Labels)
     dtype: Dtype = Dtype("bf16")
     severities: Severities = field(default_factory=Severities)
     urls: Urls = field(default_factory=Urls)
@@ -187,6 +197,9 @@ def _scalar(kind: Any, value: Any) -> tuple[Any, str]:
     if kind is Url:
         ok = text is not None and re.match(r"^https?://\S+$", text) is not None
         return (text.rstrip("/") if ok else None), "an absolute http(s):// URL"
+    if kind is LabelName:
+        ok = text is not None and _LABEL.match(text) is not None
+        return (text if ok else None), "a label name of letters, digits and underscores, like cluster"
     if kind is Dtype:
         ok = text is not None and _DTYPE.match(text) is not None
         return (text if ok else None), "a dtype label value like bf16, fp16 or fp8"

@@ -1,5 +1,6 @@
 """Report settings: prices, the peak dtype, the cluster label, teams and the thresholds the
-recommendations are written from. Defaults < `--config FILE` (YAML) < flags.
+recommendations are written from. Defaults < the rules' settings (`--rules-config`: the cluster
+label and dtype, as the rules and Alertmanager use them) < `--config FILE` (YAML) < flags.
 
     # report.yml (keys at the top level or under `report:`)
     price_kwh: 0.12            # currency per kWh
@@ -157,13 +158,21 @@ def parse(data: Any, source: str = "config") -> ReportSettings:
     return ReportSettings(**values)
 
 
-def load(path: str | Path | None) -> ReportSettings:
-    """Settings from a YAML file (None: defaults)."""
+def load(path: str | Path | None, shared: Mapping[str, Any] | None = None,
+         shared_source: str = "rules config") -> ReportSettings:
+    """Settings from a YAML file (None: defaults) over `shared`, the settings the report takes from
+    the rules' config (cluster_label, dtype) so one file names them for rules and report alike."""
+    base = dict(shared or {})
+    parse(base, shared_source)          # a bad shared value is named as the rules config's
     if path is None:
-        return ReportSettings()
+        return parse(base)
     path = Path(path)
     try:
         data = yamlfile.load(path, "config file")
     except yamlfile.YamlFileError as error:
         raise SettingsError(str(error)) from None
+    if isinstance(data, Mapping) and isinstance(data.get("report"), Mapping):
+        data = data["report"]
+    if base and (data is None or isinstance(data, Mapping)):
+        data = {**base, **(data or {})}
     return parse(data, f"config file {path}")
