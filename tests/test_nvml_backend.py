@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import pynvml as real
@@ -362,17 +361,16 @@ def test_a_gpu_lost_before_start_is_down_and_recovers_later():
         backend.stop()
 
 
-def test_stop_ends_the_xid_thread_promptly_and_releases_nvml(rigs, monkeypatch):
+def test_stop_ends_the_xid_thread_promptly_and_releases_nvml(rigs, monkeypatch, caplog):
     monkeypatch.setattr(xid_events, "WAIT_MS", 500)
     rig = rigs([h100(0), a100(1)])
     assert rig.backend.xids.wait_ms == 500
     rig.collect()
     rig.collect()
     assert any(t.name == "nvml-xid" for t in threading.enumerate())
-    started = time.monotonic()
-    rig.backend.stop()
-    assert time.monotonic() - started < 1.5
+    rig.backend.stop()      # joins the thread for one bounded wait (plus a margin), no longer
     assert not any(t.name == "nvml-xid" and t.is_alive() for t in threading.enumerate())
+    assert "did not stop" not in caplog.text    # it left its wait on the stop, not after join gave up
     assert rig.nvml.open_event_sets == 0
     assert rig.nvml.calls["nvmlGpmSampleFree"] == 2       # the H100's two GPM samples
     assert rig.nvml.calls["nvmlShutdown"] == 1

@@ -52,13 +52,13 @@ def gloo(tmp_path, monkeypatch):
 
 
 class Slow(nn.Module):
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, pause=time.sleep) -> None:
         super().__init__()
-        self.delay = delay
+        self.delay, self.pause = delay, pause
         self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.delay)
+        self.pause(self.delay)
         return self.net(x)
 
 
@@ -66,29 +66,53 @@ def _monitor(path: str) -> StepMonitor:
     return StepMonitor(1e9, 100, socket_path=path, min_interval=0, environ={"FLOPWATCH_JOB_ID": "t", "RANK": "0"})
 
 
-def _train(model, optimizer, steps: int, data_delay: float = 0.0) -> None:
+def _train(model, optimizer, steps: int, data_delay: float = 0.0, pause=time.sleep) -> None:
     x = torch.randn(8, 32)
     for _ in range(steps):
-        time.sleep(data_delay)                       # the data loader
+        pause(data_delay)                            # the data loader
         model(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
 
 
+class SteppingClock:
+    """A CPU clock the test moves: each mark is 1 s after the last, and `advance` is time passing
+    between marks (a checkpoint save), so the phases are exact whatever the machine's load."""
+
+    lazy = False
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def mark(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def ready(self, mark: float) -> bool:
+        return True
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+
 def test_plain_module_gets_data_compute_and_optimizer(receiver):
     path, last = receiver
-    model = Slow(delay=0.01)
+    clock = SteppingClock()                          # marks 1 s apart, plus the pauses below
+    model = Slow(delay=0.25, pause=clock.advance)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    telemetry = integration.instrument(model, _monitor(path), optimizer)
-    _train(model, optimizer, 5, data_delay=0.005)
+    telemetry = integration.instrument(model, _monitor(path), optimizer, clock=clock)
+    _train(model, optimizer, 5, data_delay=0.5, pause=clock.advance)
     with torch.no_grad():
         model(torch.randn(2, 32))                    # evaluation does not start a step's compute
     telemetry.close()
     record = last()
     assert record.steps == 5
-    assert record.phases["compute"] >= 5 * 0.01
-    assert record.phases["data"] >= 4 * 0.005        # the first step starts at its forward
-    assert record.phases["optimizer"] > 0 and record.phases["comm"] < 0.001     # nothing to wait for
+    assert record.phases["compute"] == 5 * (1 + 0.25)
+    assert record.phases["data"] == 4 * (1 + 0.5)    # the first step starts at its forward
+    assert record.phases["optimizer"] == 5 * 1.0 and record.phases["comm"] == 5 * 1.0   # no pause: nothing waited
     assert sum(record.phases.values()) == pytest.approx(record.step_seconds)
     _train(model, optimizer, 2)                      # hooks removed: nothing more is reported
     assert last() is None
@@ -355,17 +379,20 @@ def test_a_checkpoint_between_steps_is_checkpoint_time_not_data(receiver):
     model = Slow()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     monitor = _monitor(path)
-    telemetry = integration.instrument(model, monitor, optimizer)
+    clock = SteppingClock()
+    telemetry = integration.instrument(model, monitor, optimizer, clock=clock)
     x = torch.randn(8, 32)
     for step in range(4):
         model(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
-        if step == 1:
-            with monitor.checkpoint():
-                time.sleep(0.05)                     # saving between steps 2 and 3
+        if step == 1:                                # saving between steps 2 and 3, for 30 s
+            clock.advance(30.0)
+            monitor.checkpoint(30.0)
     telemetry.close()
     record = last()
-    assert record.checkpoint_save_seconds >= 0.05
-    assert record.phases["data"] < 0.02              # were the save counted as data, it would be >= 0.05
+    assert record.checkpoint_save_seconds == 30.0
+    # per step 1 s between marks: data (from the step before's end) 1 s in steps 2-4, none in the first
+    assert record.phases["data"] == 3 * 1.0          # were the save counted as data: 33
+    assert record.phases["compute"] == 4 * 1.0 and record.phases["optimizer"] == 4 * 1.0
     assert sum(record.phases.values()) == pytest.approx(record.step_seconds)

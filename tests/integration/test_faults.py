@@ -264,10 +264,13 @@ def test_a_training_process_killed_mid_step_keeps_its_totals_until_its_series_ex
         finally:
             if child.poll() is None:
                 child.kill()
-        time.sleep(1.5)  # one collection cycle
-        _, text = get(agent.url + "/metrics")
-        # Every step completed before the kill is counted; the one it died in is not.
-        assert values(text, "flopwatch_train_steps_total", job_id="killed-job") == [20.0]
+        # Every step completed before the kill is counted (once the agent's next collection has
+        # them); the one it died in is not.
+        def counted() -> str | None:
+            text = get(agent.url + "/metrics")[1]
+            return text if values(text, "flopwatch_train_steps_total", job_id="killed-job") == [20.0] else None
+
+        text = wait_for(counted, 10, "the killed rank's 20 completed steps")
         assert values(text, "flopwatch_train_step_seconds_count", job_id="killed-job") == [20.0]
         assert values(text, "flopwatch_train_phase_seconds_total", job_id="killed-job", phase="compute")[0] > 0.15
         healthy_before = values(text, "flopwatch_train_steps_total", job_id="healthy-job")[0]
