@@ -1,7 +1,8 @@
 """One way to read the YAML files users hand FlopWatch (agent config, report settings, scenarios,
-web config, rule files, alertmanager.yml): small UTF-8 text, safe-loaded, and when it is not,
-one line naming the file, the line and what is wrong (never a parser's stack trace, never the
-line's text: a web config's line can hold a password hash).
+web config, rule files, alertmanager.yml, the rules' settings, the rails file): small UTF-8 text,
+safe-loaded (or composed, for readers that name each value's line), and when it is not, one line
+naming the file, the line and what is wrong (never a parser's stack trace, never the line's text:
+a web config's line can hold a password hash).
 
 Callers turn `YamlFileError` into their own error type so each command keeps its exit code.
 """
@@ -35,17 +36,35 @@ def read_text(path: str | Path, what: str = "config file", limit: int = MAX_FILE
         raise YamlFileError(f"{what} {path}: not a UTF-8 text file") from None
 
 
+def _syntax(error: yaml.YAMLError) -> tuple[int | None, str]:
+    """The 1-based line of a YAML syntax error (None when the parser gave none) and ` (problem)`."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    return (mark.line + 1 if mark else None), (f" ({problem})" if problem else "")
+
+
 def parse_text(text: str, source: str) -> Any:
     """The YAML document in `text` (None when empty); `source` opens the error message."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        problem = getattr(error, "problem", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise YamlFileError(f"{source}: not valid YAML{where}" + (f" ({problem})" if problem else "")) from None
+        line, problem = _syntax(error)
+        where = f" at line {line}" if line else ""
+        raise YamlFileError(f"{source}: not valid YAML{where}{problem}") from None
 
 
 def load(path: str | Path, what: str = "config file", limit: int = MAX_FILE_BYTES) -> Any:
     """The YAML document in the file at `path` (None when empty)."""
     return parse_text(read_text(path, what, limit), f"{what} {path}")
+
+
+def compose(path: str | Path, what: str = "config file", limit: int = MAX_FILE_BYTES) -> yaml.Node | None:
+    """The node tree of the YAML file at `path` (None when empty), for readers that name the line
+    of each wrong value themselves (`path:line: ...`): a syntax error reads the same way,
+    `path:line: not valid YAML (problem)`. Composing builds no objects, so no tag is constructed."""
+    text = read_text(path, what, limit)
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        line, problem = _syntax(error)
+        raise YamlFileError(f"{path}:{line or 1}: not valid YAML{problem}") from None

@@ -99,6 +99,8 @@ def test_comments_escapes_and_continuations_as_slurm_reads_them() -> None:
 def test_unreadable_conf_says_so(tmp_path: Path) -> None:
     with pytest.raises(TopologyError, match="cannot read the topology file"):
         read_topology_conf(tmp_path / "missing.conf")
+    with pytest.raises(TopologyError, match=r"rails file .*missing\.yml: cannot read it \(No such file"):
+        read_rails(tmp_path / "missing.yml")
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from flopwatch import yamlfile
@@ -47,3 +49,18 @@ def test_python_tags_are_not_constructed(tmp_path):
     path.write_text("x: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(YamlFileError, match="not valid YAML at line 1"):
         yamlfile.load(path)
+
+
+def test_compose_gives_nodes_with_lines_and_errors_as_file_colon_line(tmp_path):
+    path = tmp_path / "rails.yml"
+    path.write_text("rails:\n  - nodes: n1\n")
+    root = yamlfile.compose(path, "rails file")
+    assert root.value[0][1].value[0].start_mark.line + 1 == 2      # the readers' line numbers
+    path.write_text("")
+    assert yamlfile.compose(path) is None
+    path.write_text("a: 1\nb: [\n")
+    with pytest.raises(YamlFileError, match=rf"^{re.escape(str(path))}:3: not valid YAML \(expected"):
+        yamlfile.compose(path)
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(YamlFileError, match=r"rails file .*: not a UTF-8 text file"):
+        yamlfile.compose(path, "rails file")

@@ -4,7 +4,7 @@ dataclasses whose defaults are the shipped rules' behaviour.
 `load(path)` reads a YAML file of overrides (any subset of defaults.yml, which documents every key);
 a wrong key or value is one line naming the file, the line and what is expected. Durations use
 Prometheus's grammar (flopwatch/durations.py: `90s`, `1m30s`, `6h`), because they are written into
-PromQL as they are; the file is read by flopwatch/yamlfile.py, then composed for line numbers.
+PromQL as they are; the file is read and composed (for line numbers) by flopwatch/yamlfile.py.
 """
 
 from __future__ import annotations
@@ -245,14 +245,9 @@ def load(path: str | Path | None = None) -> MixinConfig:
         return MixinConfig()
     path = Path(path)
     try:
-        text = yamlfile.read_text(path)
+        node = yamlfile.compose(path, "rules config")
     except yamlfile.YamlFileError as error:
         raise ConfigError(str(error)) from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        raise ConfigError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML") from None
     if node is None:
         return MixinConfig()
     return _build(MixinConfig, node, path, "")

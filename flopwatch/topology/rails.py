@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from flopwatch import yamlfile
 from flopwatch.topology.hostlist import HostlistError, expand
 from flopwatch.topology.model import Fabric, Link, TopologyError
 
@@ -39,13 +40,9 @@ def read_rails(path: str | Path, fabric: Fabric | None = None,
     of both are kept. With a conf, a node it does not know is refused (as with `known_nodes`)."""
     path = Path(path)
     try:
-        root = yaml.compose(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise TopologyError(f"{path}: cannot read the rails file ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise TopologyError(f"{where}: not valid YAML ({getattr(error, 'problem', error)})") from None
+        root = yamlfile.compose(path, "rails file")
+    except yamlfile.YamlFileError as error:
+        raise TopologyError(str(error)) from None
     reader = _Reader(str(path))
     if fabric is not None:
         known_nodes = set(fabric.node_switches) if known_nodes is None else known_nodes
