@@ -68,3 +68,17 @@ def compose(path: str | Path, what: str = "config file", limit: int = MAX_FILE_B
     except yaml.YAMLError as error:
         line, problem = _syntax(error)
         raise YamlFileError(f"{path}:{line or 1}: not valid YAML{problem}") from None
+
+
+def files(path: str | Path, what: str, skip: tuple[str, ...] = ()) -> list[Path]:
+    """The YAML file at `path`, or every *.yml/*.yaml of the folder (sorted, except the names in
+    `skip`); `what` names them in the error when there are none (`scenario files`)."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix in (".yml", ".yaml") and p.name not in skip)
+        if not found:
+            raise YamlFileError(f"{path}: no {what} (*.yml) in this directory")
+        return found
+    if not path.exists():
+        raise YamlFileError(f"{path}: no such {what.removesuffix('s')} or directory")
+    return [path]

@@ -64,3 +64,15 @@ def test_compose_gives_nodes_with_lines_and_errors_as_file_colon_line(tmp_path):
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(YamlFileError, match=r"rails file .*: not a UTF-8 text file"):
         yamlfile.compose(path, "rails file")
+
+
+def test_files_of_a_folder_or_one_file(tmp_path):
+    for name in ("b.yaml", "a.yml", "alertmanager.yml", "notes.txt"):
+        (tmp_path / name).write_text("")
+    assert [p.name for p in yamlfile.files(tmp_path, "rule files", skip=("alertmanager.yml",))] == ["a.yml", "b.yaml"]
+    assert yamlfile.files(tmp_path / "a.yml", "rule files") == [tmp_path / "a.yml"]
+    with pytest.raises(YamlFileError, match="no such scenario file or directory"):
+        yamlfile.files(tmp_path / "nope", "scenario files")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(YamlFileError, match=r"empty: no scenario files \(\*\.yml\) in this directory"):
+        yamlfile.files(tmp_path / "empty", "scenario files")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flopwatch import yamlfile
 from flopwatch.detect import rules as rule_files
 from flopwatch.detect.engine import OBSERVED, PrometheusEngine, RunResult
 from flopwatch.detect.pages import AlertmanagerConfig, AlertmanagerConfigError
@@ -35,15 +36,10 @@ class SuiteError(ValueError):
 
 
 def scenario_files(path: str | Path) -> list[Path]:
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".yml", ".yaml"))
-        if not files:
-            raise SuiteError(f"{path}: no scenario files (*.yml) in this directory")
-        return files
-    if not path.exists():
-        raise SuiteError(f"{path}: no such scenario file or directory")
-    return [path]
+    try:
+        return yamlfile.files(path, "scenario files")
+    except yamlfile.YamlFileError as error:
+        raise SuiteError(str(error)) from None
 
 
 def load_suite(path: str | Path, only: list[str] | None = None) -> list[Scenario]:

@@ -85,16 +85,10 @@ class RuleSet:
 
 def rule_files(path: str | Path) -> list[Path]:
     """A rule file, or every *.yml/*.yaml of a directory except alertmanager.yml (sorted)."""
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".yml", ".yaml")
-                       and p.name not in ("alertmanager.yml", "alertmanager.yaml"))
-        if not files:
-            raise RuleFileError(f"{path}: no rule files (*.yml) in this directory")
-        return files
-    if not path.exists():
-        raise RuleFileError(f"{path}: no such rule file or directory")
-    return [path]
+    try:
+        return yamlfile.files(path, "rule files", skip=("alertmanager.yml", "alertmanager.yaml"))
+    except yamlfile.YamlFileError as error:
+        raise RuleFileError(str(error)) from None
 
 
 def _seconds(value: Any, where: str) -> float:

@@ -66,25 +66,25 @@ class ReportSettings:
         return replace(self, **given)
 
 
-def _price(value: Any, where: str) -> float:
+def _number(value: Any, where: str, expected: str) -> float:
+    """`value` as a float (a number or its text, never a bool), else SettingsError naming `expected`."""
     try:
         if isinstance(value, bool):
             raise ValueError
-        number = float(value)
+        return float(value)
     except (TypeError, ValueError):
-        raise SettingsError(f"{where} = {value!r}: expected a price, e.g. 0.12") from None
+        raise SettingsError(f"{where} = {value!r}: expected {expected}") from None
+
+
+def _price(value: Any, where: str) -> float:
+    number = _number(value, where, "a price, e.g. 0.12")
     if not 0 <= number < 1e6:
         raise SettingsError(f"{where} = {value!r}: expected a price from 0 to 1000000")
     return number
 
 
 def _fraction(value: Any, where: str) -> float:
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{where} = {value!r}: expected a number from 0 to 1, e.g. 0.3") from None
+    number = _number(value, where, "a number from 0 to 1, e.g. 0.3")
     if not 0 <= number <= 1:
         raise SettingsError(f"{where} = {value!r}: expected a number from 0 to 1, e.g. 0.3")
     return number

@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -124,8 +125,10 @@ class ServerProcess:
     package = ""
     ready_path = "/"
 
-    def __init__(self, port: int | None = None, workdir: Path | None = None) -> None:
+    def __init__(self, port: int | None = None, workdir: Path | None = None, *,
+                 extra_args: Sequence[str] = ()) -> None:
         self.host = "127.0.0.1"
+        self.extra_args = list(extra_args)      # appended to the server's own arguments
         self.port = port or free_port()
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"flopwatch-{Path(self.binary).name}-"))

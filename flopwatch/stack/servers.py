@@ -37,7 +37,7 @@ class Prometheus(ServerProcess):
                  remote_write: Sequence[dict[str, Any]] = (), extra_args: Sequence[str] = (),
                  remote_write_receiver: bool = False, out_of_order_window: str | None = None,
                  port: int | None = None, workdir: Path | None = None) -> None:
-        super().__init__(port, workdir)
+        super().__init__(port, workdir, extra_args=extra_args)
         self.config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval,
                        "scrape_timeout": scrape_interval},
@@ -54,7 +54,6 @@ class Prometheus(ServerProcess):
             self.config["remote_write"] = list(remote_write)
         if out_of_order_window:
             self.config["storage"] = {"tsdb": {"out_of_order_time_window": out_of_order_window}}
-        self.extra_args = list(extra_args)
         if alertmanagers:
             self.extra_args.append("--rules.alert.resend-delay=1s")
         if remote_write_receiver:
@@ -118,11 +117,6 @@ class VictoriaMetrics(ServerProcess):
     package = "victoria-metrics"
     ready_path = "/health"
 
-    def __init__(self, *, extra_args: Sequence[str] = (), port: int | None = None,
-                 workdir: Path | None = None) -> None:
-        super().__init__(port, workdir)
-        self.extra_args = list(extra_args)
-
     def args(self) -> list[str]:
         return [
             f"-httpListenAddr={self.host}:{self.port}", f"-storageDataPath={self.workdir / 'data'}",
@@ -144,14 +138,13 @@ class VmAlert(ServerProcess):
                  notifiers: Sequence[str] = (), evaluation_interval: str = "5s",
                  external_labels: dict[str, str] | None = None, extra_args: Sequence[str] = (),
                  port: int | None = None, workdir: Path | None = None) -> None:
-        super().__init__(port, workdir)
+        super().__init__(port, workdir, extra_args=extra_args)
         self.rule_files = [str(Path(path).resolve()) for path in rule_files]
         self.datasource_url = datasource_url
         self.remote_write_url = remote_write_url or datasource_url
         self.notifiers = list(notifiers)
         self.evaluation_interval = evaluation_interval
         self.external_labels = dict(external_labels or {})
-        self.extra_args = list(extra_args)
 
     def args(self) -> list[str]:
         return [
@@ -171,11 +164,6 @@ class NodeExporter(ServerProcess):
     binary = "prometheus-node-exporter"
     package = "prometheus-node-exporter"
     ready_path = "/metrics"
-
-    def __init__(self, *, extra_args: Sequence[str] = (), port: int | None = None,
-                 workdir: Path | None = None) -> None:
-        super().__init__(port, workdir)
-        self.extra_args = list(extra_args)
 
     def args(self) -> list[str]:
         return [f"--web.listen-address={self.host}:{self.port}", "--log.level=warn", *self.extra_args]
