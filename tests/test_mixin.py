@@ -40,6 +40,9 @@ def test_a_partial_file_overrides_only_its_keys(tmp_path: Path) -> None:
     ("gpu:\n  lost_for: 1.5m\n", "fw.yml:2: gpu.lost_for: expected a Prometheus duration"),
     ("selectors:\n  agent: job=flopwatch\n", "fw.yml:2: selectors.agent: expected label matchers"),
     ("dtype: BF 16\n", "fw.yml:1: dtype: expected a dtype label value"),
+    ("labels:\n  cluster: my-cluster\n", "fw.yml:2: labels.cluster: expected a label name"),
+    ("labels:\n  cluster: node\n", "fw.yml:2: labels.cluster: expected a label name of letters, digits and "
+     "underscores, like cluster, that FlopWatch's series do not carry already"),
     ("network:\n\n  flapping_downs: 2.5\n", "fw.yml:3: network.flapping_downs: expected a whole number"),
     ("stragglers:\n  min_ranks: [8]\n", "fw.yml:2: stragglers.min_ranks: expected a single value"),
     ("urls:\n  runbooks: wiki/runbooks\n", "fw.yml:2: urls.runbooks: expected an absolute http(s):// URL"),

@@ -18,7 +18,7 @@ from typing import Any, NewType
 
 import yaml
 
-from flopwatch import durations, yamlfile
+from flopwatch import catalog, durations, yamlfile
 from flopwatch.config import ConfigError
 from flopwatch.mixin import names
 
@@ -198,13 +198,19 @@ def _scalar(kind: Any, value: Any) -> tuple[Any, str]:
         ok = text is not None and re.match(r"^https?://\S+$", text) is not None
         return (text.rstrip("/") if ok else None), "an absolute http(s):// URL"
     if kind is LabelName:
-        ok = text is not None and _LABEL.match(text) is not None
-        return (text if ok else None), "a label name of letters, digits and underscores, like cluster"
+        ok = text is not None and _LABEL.match(text) is not None and text not in _series_labels()
+        return (text if ok else None), ("a label name of letters, digits and underscores, like cluster, that "
+                                        "FlopWatch's series do not carry already (node, gpu, job_id, ...)")
     if kind is Dtype:
         ok = text is not None and _DTYPE.match(text) is not None
         return (text if ok else None), "a dtype label value like bf16, fp16 or fp8"
     ok = text is not None and _LABEL.match(text) is not None
     return (text if ok else None), "a label value of letters, digits and underscores"
+
+
+def _series_labels() -> set[str]:
+    """Labels the agent's series carry, and Prometheus's own: a cluster label must be none of them."""
+    return {"job", "instance", "le", *(label for _, metric in catalog.all_metrics() for label in metric.all_labels)}
 
 
 def _split_matchers(text: str) -> list[str]:
