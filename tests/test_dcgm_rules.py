@@ -1,5 +1,5 @@
-"""alerts/flopwatch-dcgm.yml is what deploy/dcgm-exporter/make_rules.py renders from flopwatch/hardware.py,
-its model patterns pick the same model as flopwatch.hardware does for dcgm-exporter's `modelName`
+"""flopwatch/mixin/templates/flopwatch-dcgm.yml is what deploy/dcgm-exporter/make_rules.py renders from
+flopwatch/hardware.py, its model patterns pick the same model as flopwatch.hardware does for dcgm-exporter's `modelName`
 values, and the shipped counters file turns on every DCGM field the rules read."""
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ def make_rules() -> ModuleType:
     return module
 
 
-def test_committed_rule_file_is_the_rendered_one() -> None:
-    assert (ROOT / "alerts" / "flopwatch-dcgm.yml").read_text() == make_rules().render(), \
-        "alerts/flopwatch-dcgm.yml is stale: run .venv/bin/python deploy/dcgm-exporter/make_rules.py"
+def test_committed_template_is_the_rendered_one() -> None:
+    """The template is the script's output; alerts/flopwatch-dcgm.yml is the build's (tests/test_mixin.py)."""
+    assert (ROOT / "flopwatch" / "mixin" / "templates" / "flopwatch-dcgm.yml").read_text() == make_rules().render(), \
+        "flopwatch/mixin/templates/flopwatch-dcgm.yml is stale: run .venv/bin/python deploy/dcgm-exporter/make_rules.py"
 
 
 @pytest.mark.parametrize("model_name", [

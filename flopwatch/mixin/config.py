@@ -141,6 +141,12 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Dcgm:
+    clock_below_max_ratio: float = 0.9
+    busy_utilization: float = 0.5
+
+
+@dataclass(frozen=True)
 class Stragglers:
     min_ranks: int = 8
     corroborated_margin: float = 0.02
@@ -169,6 +175,7 @@ class MixinConfig:
     agent: Agent = field(default_factory=Agent)
     network: Network = field(default_factory=Network)
     gpu: Gpu = field(default_factory=Gpu)
+    dcgm: Dcgm = field(default_factory=Dcgm)
     stragglers: Stragglers = field(default_factory=Stragglers)
 
 
