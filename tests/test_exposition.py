@@ -73,3 +73,28 @@ def test_cache_holds_only_the_last_render():
             gauge.add_metric([f"{round_}-{rank}"], rank)
         renderer.render([gauge])
     assert len(renderer._prefixes) == 100
+
+
+def test_block_renderer_reuses_a_metrics_text_only_while_its_values_are_unchanged():
+    from flopwatch.catalog import gpu as g
+    from flopwatch.exporters.exposition import BlockRenderer, Blocks
+
+    renderer = BlockRenderer()
+
+    def render(power: list[float], clock: float) -> str:
+        blocks = Blocks("n1")
+        for gpu, watts in enumerate(power):
+            blocks.add(g.POWER, (str(gpu),), watts)
+        blocks.add(g.SM_CLOCK_MAX, ("0",), clock)
+        out: list[str] = []
+        renderer.render(blocks, out)
+        return "".join(out)
+
+    first = render([300.0, 310.0], 1.98e9)
+    assert render([300.0, 310.0], 1.98e9) == first
+    moved = render([300.0, 320.5], 1.98e9)
+    assert 'flopwatch_gpu_power_watts{node="n1",gpu="1"} 320.5' in moved and "310.0" not in moved
+    nan = render([math.nan, 320.5], 1.98e9)
+    assert 'flopwatch_gpu_power_watts{node="n1",gpu="0"} NaN' in nan
+    assert 'flopwatch_gpu_power_watts{node="n1",gpu="0"} 300.0' in render([300.0, 320.5], 1.98e9)
+    assert render([300.0, 320.5], 1.5e9).count("1500000000.0") == 1

@@ -20,20 +20,16 @@ from flopwatch import __version__
 from flopwatch.catalog import Metric, metrics_of
 from flopwatch.catalog import agent as agent_metrics
 from flopwatch.catalog import fabric as fabric_metrics
-from flopwatch.catalog import gpu as g
 from flopwatch.catalog import host as host_metrics
 from flopwatch.catalog import job as job_metrics
-from flopwatch.catalog import nic as n
 from flopwatch.catalog import train as t
-from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS
-from flopwatch.exporters.gpu.simulated import MHZ, SIM_DRIVER_VERSION, SimulatedGpu
 from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
+from flopwatch.sim.gpu_values import GPU_DYNAMIC, GPU_METRICS, GPU_SCALARS, GPU_VARIANTS
 from flopwatch.sim.jobs import PHASES
-from flopwatch.sim.nic import SimulatedNic
 from flopwatch.sim.node import (
-    NIC_ERROR_COUNTERS,
-    PHYS_STATE_WORDS,
-    PORT_STATE_WORDS,
+    NIC_FIXED,
+    NIC_METRICS,
+    NIC_STATES,
     SimHostCollector,
     SimNodeAgent,
     sim_fabric_collector,
@@ -45,96 +41,6 @@ Group = tuple[tuple[Labels, ...], list[float] | np.ndarray]
 
 SCRAPE_JOB = "flopwatch"
 
-
-def _busy(gpu: SimulatedGpu) -> float:
-    return 0.0 if gpu.idle else gpu.workload.busy
-
-
-def _nvlink_sum(gpu: SimulatedGpu, counters: str) -> float:
-    return sum(getattr(gpu.c, counters))
-
-
-GpuValue = Callable[[SimulatedGpu], float]
-#: GPU metrics with one series per GPU (label `gpu` only): value as GpuCollector.blocks() emits it for
-#: a GPU that answered (SimulatedGpu._reading, per-link NVLink off).
-GPU_SCALARS: dict[Metric, GpuValue] = {
-    g.UP: lambda gpu: 1.0,
-    g.UTILIZATION: lambda gpu: min(1.0, _busy(gpu)),
-    g.MEMORY_UTILIZATION: lambda gpu: min(1.0, 0.4 * _busy(gpu) + 0.2 * gpu.workload.tensor),
-    g.SM_CLOCK: lambda gpu: gpu.sm_clock_hz,
-    g.SM_CLOCK_MAX: lambda gpu: gpu.model.sm_clock_max_mhz * MHZ,
-    g.MEMORY_CLOCK: lambda gpu: gpu.model.memory_clock_mhz * MHZ,
-    g.POWER: lambda gpu: gpu.power_watts,
-    g.POWER_LIMIT: lambda gpu: gpu.power_limit(),
-    g.ENERGY: lambda gpu: gpu.c.energy_j,
-    g.TEMPERATURE: lambda gpu: int(gpu.temperature_c),
-    g.MEMORY_TEMPERATURE: lambda gpu: int(gpu.temperature_c) + 4,
-    g.MEMORY_USED: lambda gpu: int(gpu.model.memory_bytes * gpu.workload.memory_fraction),
-    g.MEMORY_TOTAL: lambda gpu: gpu.model.memory_bytes,
-    g.PCIE_GENERATION: lambda gpu: gpu.model.pcie_generation,
-    g.PCIE_WIDTH: lambda gpu: gpu.faults.pcie_width or gpu.model.pcie_width,
-    g.PCIE_MAX_GENERATION: lambda gpu: gpu.model.pcie_generation,
-    g.PCIE_MAX_WIDTH: lambda gpu: gpu.model.pcie_width,
-    g.PCIE_REPLAYS: lambda gpu: gpu.c.pcie_replays,
-    g.ECC_CORRECTED: lambda gpu: gpu.c.ecc_corrected,
-    g.ECC_UNCORRECTED: lambda gpu: gpu.c.ecc_uncorrected,
-    g.ROW_REMAP_PENDING: lambda gpu: 0.0,
-    g.ROW_REMAP_FAILED: lambda gpu: 0.0,
-    g.SM_ACTIVE: lambda gpu: _busy(gpu) * 0.95,
-    g.SM_OCCUPANCY: lambda gpu: _busy(gpu) * 0.45,
-    g.TENSOR_ACTIVE: lambda gpu: min(gpu.workload.tensor, _busy(gpu)),
-    g.DRAM_ACTIVE: lambda gpu: _busy(gpu) * 0.35,
-    g.PROCESSES: lambda gpu: 0.0,
-}
-_REASONS = tuple(sorted(CLOCK_EVENT_REASONS))
-#: GPU metrics with a fixed set of series per GPU: (label values after `gpu`, per GPU) and values.
-GPU_VARIANTS: dict[Metric, tuple[Callable[[SimulatedGpu], list[tuple[str, ...]]],
-                                 Callable[[SimulatedGpu], list[float]]]] = {
-    g.INFO: (lambda gpu: [(gpu.uuid, gpu.model.name, SIM_DRIVER_VERSION)], lambda gpu: [1.0]),
-    g.PEAK_FLOPS: (lambda gpu: [(dtype,) for dtype in sorted(gpu.model.peak_dense_flops)],
-                   lambda gpu: [float(v) for _, v in sorted(gpu.model.peak_dense_flops.items())]),
-    g.CLOCK_EVENT_ACTIVE: (lambda gpu: [(reason,) for reason in _REASONS],
-                           lambda gpu: [float(v) for _, v in sorted(gpu.clock_events().items())]),
-    g.PCIE_BYTES: (lambda gpu: [("tx",), ("rx",)],
-                   lambda gpu: [float(int(gpu.c.pcie_tx)), float(int(gpu.c.pcie_rx))]),
-    g.REMAPPED_ROWS: (lambda gpu: [("correctable",), ("uncorrectable",)],
-                      lambda gpu: [0.0, float(gpu.remapped_uncorrectable)]),
-    g.NVLINK_BYTES: (lambda gpu: [("all", "tx"), ("all", "rx")] if gpu.model.nvlink_links else [],
-                     lambda gpu: [float(int(_nvlink_sum(gpu, "nvlink_tx"))), float(int(_nvlink_sum(gpu, "nvlink_rx")))]
-                     if gpu.model.nvlink_links else []),
-    g.NVLINK_ERRORS: (lambda gpu: [("all", "crc"), ("all", "recovery"), ("all", "replay")]
-                      if gpu.model.nvlink_links else [],
-                      lambda gpu: [float(_nvlink_sum(gpu, "nvlink_crc")), float(_nvlink_sum(gpu, "nvlink_recovery")),
-                                   float(_nvlink_sum(gpu, "nvlink_replay"))] if gpu.model.nvlink_links else []),
-}
-#: GPU metrics whose series come and go: [(label values after `gpu`, value)] per GPU.
-GPU_DYNAMIC: dict[Metric, Callable[[SimulatedGpu], list[tuple[tuple[str, ...], float]]]] = {
-    g.CLOCK_EVENT_VIOLATION: lambda gpu: [((reason,), float(seconds))
-                                          for reason, seconds in sorted(gpu.c.violation.items())],
-    g.XID_ERRORS: lambda gpu: [((str(xid),), float(count)) for xid, count in sorted(gpu.xids.items())],
-}
-GPU_METRICS = (*GPU_SCALARS, *GPU_VARIANTS, *GPU_DYNAMIC)
-
-NicValue = Callable[[SimulatedNic], list[float]]
-#: NIC metrics with a fixed set of series per port: (label values after device and port) and values.
-NIC_FIXED: dict[Metric, tuple[tuple[tuple[str, ...], ...], NicValue]] = {
-    n.INFO: ((("InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"),), lambda nic: [1.0]),
-    n.COUNTERS_AVAILABLE: (((),), lambda nic: [1.0]),
-    n.PORT_RATE: (((),), lambda nic: [float(nic.rate_bytes_per_s)]),
-    n.DATA: ((("tx",), ("rx",)), lambda nic: [float(int(nic.xmit_bytes) // 4 * 4),
-                                              float(int(nic.rcv_bytes) // 4 * 4)]),
-    n.PACKETS: ((("tx",), ("rx",)), lambda nic: [float(int(nic.xmit_packets)), float(int(nic.rcv_packets))]),
-    n.ERRORS: (tuple((counter,) for counter in NIC_ERROR_COUNTERS),
-               lambda nic: [float(getattr(nic, counter)) for counter in NIC_ERROR_COUNTERS]),
-    n.LINK_DOWNED: (((),), lambda nic: [float(nic.link_downed)]),
-    n.XMIT_WAIT: (((),), lambda nic: [float(int(nic.xmit_wait))]),
-}
-#: NIC metrics whose label carries the state word: (label values after device and port, value).
-NIC_STATES: dict[Metric, Callable[[SimulatedNic], tuple[tuple[str, ...], float]]] = {
-    n.PORT_STATE: lambda nic: ((PORT_STATE_WORDS[nic.state],), float(nic.state)),
-    n.PORT_PHYSICAL_STATE: lambda nic: ((PHYS_STATE_WORDS[nic.phys_state],), float(nic.phys_state)),
-}
-NIC_METRICS = (*NIC_FIXED, *NIC_STATES)
 TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.CHECKPOINT_SECONDS,
                  t.LAST_STEP, t.COMM_MIN, t.ITERATION, t.FLOPS_PER_STEP, t.STEP_SECONDS)
 

@@ -152,25 +152,30 @@ class Blocks:
 
 
 class BlockRenderer:
-    """Renders Blocks, one cached `%` template per metric, reused while its series are unchanged."""
+    """Renders Blocks, one cached `%` template per metric, reused while its series are unchanged,
+    and the metric's last text, reused while its values are unchanged too (info series, limits,
+    counters that did not move: over half of a GPU node's samples between two cycles)."""
 
     def __init__(self) -> None:
-        self._templates: dict[str, tuple[list[tuple[str, ...]], list[str] | None, str]] = {}
+        self._templates: dict[str, tuple[list[tuple[str, ...]], list[str] | None, str, list[float], str]] = {}
 
     def render(self, blocks: Blocks, out: list[str]) -> None:
         templates = {}
         for metric, series in blocks.series.items():
             suffixes = blocks.suffixes.get(metric)
+            values = blocks.values[metric]
             cached = self._templates.get(metric.name)
             if cached is None or cached[0] != series or cached[1] != suffixes:
-                cached = (series, suffixes, _template(metric, series, suffixes))
+                cached = (series, suffixes, _template(metric, series, suffixes), [], "")
+            if cached[3] != values or not cached[4]:   # NaN never equals itself: re-rendered each time
+                try:
+                    finite = math.isfinite(math.fsum(values))
+                except OverflowError:
+                    finite = False
+                text = cached[2] % (tuple(values) if finite else tuple(map(format_value, values)))
+                cached = (*cached[:3], list(values), text)
             templates[metric.name] = cached
-            values = blocks.values[metric]
-            try:
-                finite = math.isfinite(math.fsum(values))
-            except OverflowError:
-                finite = False
-            out.append(cached[2] % (tuple(values) if finite else tuple(map(format_value, values))))
+            out.append(cached[4])
         self._templates = templates
 
 

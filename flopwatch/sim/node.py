@@ -12,10 +12,12 @@ Sample output (abridged):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import numpy as np
 from prometheus_client.core import Metric as Family
 
+from flopwatch.catalog import Metric
 from flopwatch.catalog import host as host_metrics
 from flopwatch.catalog import job as job_metrics
 from flopwatch.catalog import nic as nic_metrics
@@ -27,12 +29,36 @@ from flopwatch.exporters.fabric import FabricCollector
 from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.simulated import SimBackend
 from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
+from flopwatch.sim.gpu_collector import SimGpuCollector
 from flopwatch.sim.jobs import PHASES
-from flopwatch.sim.nic import PHYS_LINK_UP, PORT_ACTIVE
+from flopwatch.sim.nic import PHYS_LINK_UP, PORT_ACTIVE, SimulatedNic
 
 PORT_STATE_WORDS = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_STATE_WORDS = {2: "Polling", 3: "Disabled", 5: "LinkUp", 6: "LinkErrorRecovery"}
 NIC_ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "port_xmit_discards")
+
+NicValue = Callable[[SimulatedNic], list[float]]
+_n = nic_metrics
+#: NIC metrics with a fixed set of series per port: (label values after device and port) and values,
+#: as the agent's NIC collector exports them (the detection benchmark's bulk reader uses them too).
+NIC_FIXED: dict[Metric, tuple[tuple[tuple[str, ...], ...], NicValue]] = {
+    _n.INFO: ((("InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"),), lambda nic: [1.0]),
+    _n.COUNTERS_AVAILABLE: (((),), lambda nic: [1.0]),
+    _n.PORT_RATE: (((),), lambda nic: [float(nic.rate_bytes_per_s)]),
+    _n.DATA: ((("tx",), ("rx",)),
+              lambda nic: [float(int(nic.xmit_bytes) // 4 * 4), float(int(nic.rcv_bytes) // 4 * 4)]),
+    _n.PACKETS: ((("tx",), ("rx",)), lambda nic: [float(int(nic.xmit_packets)), float(int(nic.rcv_packets))]),
+    _n.ERRORS: (tuple((counter,) for counter in NIC_ERROR_COUNTERS),
+                lambda nic: [float(getattr(nic, counter)) for counter in NIC_ERROR_COUNTERS]),
+    _n.LINK_DOWNED: (((),), lambda nic: [float(nic.link_downed)]),
+    _n.XMIT_WAIT: (((),), lambda nic: [float(int(nic.xmit_wait))]),
+}
+#: NIC metrics whose label carries the state word: (label values after device and port, value).
+NIC_STATES: dict[Metric, Callable[[SimulatedNic], tuple[tuple[str, ...], float]]] = {
+    _n.PORT_STATE: lambda nic: ((PORT_STATE_WORDS[nic.state],), float(nic.state)),
+    _n.PORT_PHYSICAL_STATE: lambda nic: ((PHYS_STATE_WORDS[nic.phys_state],), float(nic.phys_state)),
+}
+NIC_METRICS = (*NIC_FIXED, *NIC_STATES)
 
 
 class _NodeCollector:
@@ -55,6 +81,11 @@ class SimTrainCollector(_NodeCollector):
 
     name = "train"
 
+    def __init__(self, fleet: Fleet, node: SimNode) -> None:
+        super().__init__(fleet, node)
+        self._placed: dict[tuple[str, int], tuple[np.ndarray, list[tuple[str, ...]]]] = {}
+        self._series: dict[tuple[object, ...], dict[Metric, list]] = {}
+
     def jobs_here(self) -> Iterator[tuple[JobState, int]]:
         for state in self.fleet.jobs.values():
             spec = state.runner.spec
@@ -64,40 +95,69 @@ class SimTrainCollector(_NodeCollector):
                 continue
             yield state, spec.nodes.index(self.node.index)
 
-    def blocks(self) -> Blocks:
-        m = train_metrics
-        out = Blocks(self.node.name)
-        put = out.add
-        for state, position in self.jobs_here():
-            c, runner = state.counters, state.runner
+    def _ranks(self, state: JobState, position: int) -> tuple[np.ndarray, list[tuple[str, ...]]]:
+        """The job's ranks on this node and their label values (node first), built once per job."""
+        runner = state.runner
+        key = (runner.spec.id, position)
+        placed = self._placed.get(key)
+        if placed is None:
             gpn = runner.fleet.gpus_per_node
-            job_id = runner.spec.id
-            per_rank_flops = runner.flops_per_step / runner.ranks
-            local = 0
-            for gpu in range(gpn):
-                rank = position * gpn + gpu
-                if rank >= runner.ranks:   # a trace job's last node may be partly used
-                    break
-                local += 1
-                labels = (job_id, str(rank), str(gpu), str(runner.stage[rank]), str(runner.dp_rank[rank]))
-                put(m.STEPS, labels, c.steps[rank])
-                put(m.TOKENS, labels, c.tokens[rank])
-                put(m.MODEL_FLOPS, labels, c.model_flops[rank])
-                put(m.HARDWARE_FLOPS, labels, c.hardware_flops[rank])
-                for i, phase in enumerate(PHASES):
-                    put(m.PHASE_SECONDS, (*labels, phase), c.phase_seconds[i, rank])
-                if c.checkpoint_seconds[rank] > 0:
-                    put(m.CHECKPOINT_SECONDS, (*labels, "save"), c.checkpoint_seconds[rank])
-                put(m.LAST_STEP, labels, c.last_step_time[rank])
-                if c.comm_min_ready:
-                    put(m.COMM_MIN, labels, c.comm_min[rank])
-                put(m.ITERATION, labels, c.iteration)
-                put(m.FLOPS_PER_STEP, (job_id, str(rank), "analytic"), per_rank_flops)
-            # every local rank observes every step: count = steps x local ranks (as the intake does)
-            out.add_histogram(m.STEP_SECONDS, (job_id,),
-                              list(zip(STEP_BUCKETS, (c.step_buckets * local).tolist(), strict=True)),
-                              c.step_sum * local)
+            ranks = [(position * gpn + gpu, gpu) for gpu in range(gpn)
+                     if position * gpn + gpu < runner.ranks]   # a trace job's last node may be partly used
+            labels = [(self.node.name, runner.spec.id, str(rank), str(gpu), str(runner.stage[rank]),
+                       str(runner.dp_rank[rank])) for rank, gpu in ranks]
+            placed = self._placed[key] = (np.array([rank for rank, _ in ranks], dtype=int), labels)
+        return placed
+
+    def blocks(self) -> Blocks:
+        out = Blocks(self.node.name)
+        for state, position in self.jobs_here():
+            self._job_blocks(out, state, position)
         return out
+
+    def _job_blocks(self, out: Blocks, state: JobState, position: int) -> None:
+        """One job's series on this node, a metric at a time over its ranks (label tuples cached
+        per job, per whether the comm floor exists and which ranks have saved a checkpoint)."""
+        m = train_metrics
+        c, runner = state.counters, state.runner
+        ranks, labels = self._ranks(state, position)
+        saved = c.checkpoint_seconds[ranks]
+        keep = saved > 0
+        key = (runner.spec.id, position, c.comm_min_ready, tuple(keep.tolist()))
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self._job_series(labels, c.comm_min_ready, keep.tolist())
+        local = len(labels)
+        values: dict[Metric, list[float]] = {
+            m.STEPS: c.steps[ranks].tolist(), m.TOKENS: c.tokens[ranks].tolist(),
+            m.MODEL_FLOPS: c.model_flops[ranks].tolist(), m.HARDWARE_FLOPS: c.hardware_flops[ranks].tolist(),
+            m.PHASE_SECONDS: c.phase_seconds[:, ranks].T.ravel().tolist(),
+            m.CHECKPOINT_SECONDS: saved[keep].tolist(), m.LAST_STEP: c.last_step_time[ranks].tolist(),
+            m.COMM_MIN: c.comm_min[ranks].tolist() if c.comm_min_ready else [],
+            m.ITERATION: [float(c.iteration)] * local,
+            m.FLOPS_PER_STEP: [runner.flops_per_step / runner.ranks] * local,
+        }
+        for metric, found in values.items():
+            if not found:
+                continue
+            if metric in out.series:   # a second job on the node (one that finished lingers)
+                out.series[metric] = out.series[metric] + series[metric]
+                out.values[metric] += found
+            else:
+                out.series[metric], out.values[metric] = series[metric], found
+        # every local rank observes every step: count = steps x local ranks (as the intake does)
+        out.add_histogram(m.STEP_SECONDS, (runner.spec.id,),
+                          list(zip(STEP_BUCKETS, (c.step_buckets * local).tolist(), strict=True)), c.step_sum * local)
+
+    @staticmethod
+    def _job_series(labels: list[tuple[str, ...]], comm_min: bool, saved: list[bool]) -> dict[Metric, list]:
+        m = train_metrics
+        per_rank = {metric: labels for metric in (m.STEPS, m.TOKENS, m.MODEL_FLOPS, m.HARDWARE_FLOPS, m.LAST_STEP,
+                                                  m.ITERATION)}
+        return {**per_rank, m.PHASE_SECONDS: [(*key, phase) for key in labels for phase in PHASES],
+                m.CHECKPOINT_SECONDS: [(*key, "save") for key, kept in zip(labels, saved, strict=True) if kept],
+                m.COMM_MIN: labels if comm_min else [],
+                m.FLOPS_PER_STEP: [(key[0], key[1], key[2], "analytic") for key in labels]}
 
     def collect(self) -> Iterator[Family]:
         return self.blocks().families()
@@ -108,25 +168,31 @@ class SimNicCollector(_NodeCollector):
 
     name = "nic"
 
+    def __init__(self, fleet: Fleet, node: SimNode) -> None:
+        super().__init__(fleet, node)
+        self._series: dict[Metric, list[tuple[str, ...]]] = {}
+        self._states: dict[Metric, tuple[tuple[tuple[str, ...], ...], list[tuple[str, ...]]]] = {}
+
     def blocks(self) -> Blocks:
-        m = nic_metrics
+        """Each metric's series over the node's ports: label tuples built once (the state words'
+        again only when a port's state changes), values in bulk (NIC_FIXED, NIC_STATES)."""
         out = Blocks(self.node.name)
-        put = out.add
-        for nic in self.node.nics:
-            port = (nic.device, "1")
-            put(m.INFO, (*port, "InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"), 1)
-            put(m.COUNTERS_AVAILABLE, port, 1)
-            put(m.PORT_STATE, (*port, PORT_STATE_WORDS[nic.state]), nic.state)
-            put(m.PORT_PHYSICAL_STATE, (*port, PHYS_STATE_WORDS[nic.phys_state]), nic.phys_state)
-            put(m.PORT_RATE, port, nic.rate_bytes_per_s)
-            put(m.DATA, (*port, "tx"), int(nic.xmit_bytes) // 4 * 4)
-            put(m.DATA, (*port, "rx"), int(nic.rcv_bytes) // 4 * 4)
-            put(m.PACKETS, (*port, "tx"), int(nic.xmit_packets))
-            put(m.PACKETS, (*port, "rx"), int(nic.rcv_packets))
-            for counter in NIC_ERROR_COUNTERS:
-                put(m.ERRORS, (*port, counter), getattr(nic, counter))
-            put(m.LINK_DOWNED, port, nic.link_downed)
-            put(m.XMIT_WAIT, port, int(nic.xmit_wait))
+        nics, node = self.node.nics, self.node.name
+        for metric, (variants, values) in NIC_FIXED.items():
+            series = self._series.get(metric)
+            if series is None:
+                series = self._series[metric] = [(node, nic.device, "1", *rest) for nic in nics for rest in variants]
+            out.series[metric] = series
+            out.values[metric] = [value for nic in nics for value in values(nic)]
+        for metric, state in NIC_STATES.items():
+            pairs = [state(nic) for nic in nics]
+            words = tuple(rest for rest, _ in pairs)
+            cached = self._states.get(metric)
+            if cached is None or cached[0] != words:
+                cached = self._states[metric] = (words, [(node, nic.device, "1", *rest)
+                                                         for nic, rest in zip(nics, words, strict=True)])
+            out.series[metric] = cached[1]
+            out.values[metric] = [value for _, value in pairs]
         return out
 
     def collect(self) -> Iterator[Family]:
@@ -161,25 +227,40 @@ class SimJobCollector(_NodeCollector):
 
     name = "attribution"
 
-    def collect(self) -> Iterator[Family]:
+    def __init__(self, fleet: Fleet, node: SimNode) -> None:
+        super().__init__(fleet, node)
+        self._held: tuple[tuple[str, str], list[tuple[str, ...]], list[float]] | None = None
+
+    def blocks(self) -> Blocks:
+        out = Blocks(self.node.name)
         state = self.fleet.active_job(self.node)
         if state is None:
-            return
-        family = job_metrics.GPU_JOB_INFO.family()
-        for gpu in range(len(self.node.gpus)):
-            family.add_metric([self.node.name, str(gpu), state.runner.spec.id, state.runner.spec.user], 1)
-        yield family
+            return out
+        job = (state.runner.spec.id, state.runner.spec.user)
+        if self._held is None or self._held[0] != job:
+            gpus = range(len(self.node.gpus))
+            self._held = (job, [(self.node.name, str(gpu), *job) for gpu in gpus], [1.0] * len(gpus))
+        out.series[job_metrics.GPU_JOB_INFO], out.values[job_metrics.GPU_JOB_INFO] = self._held[1], self._held[2]
+        return out
+
+    def collect(self) -> Iterator[Family]:
+        return self.blocks().families()
 
 
 class SimNodeAgent:
-    """The agent of one simulated node: the real Agent with the real GPU collector."""
+    """The agent of one simulated node: the real Agent with the real GPU collector (its fast
+    subclass for a simulated node, flopwatch/sim/gpu_collector.py)."""
 
-    def __init__(self, fleet: Fleet, node: SimNode, nvlink_per_link: bool = False, gpus: bool = True) -> None:
-        """`gpus` False: the agent beside dcgm-exporter (collectors.gpu and attribution off)."""
+    def __init__(self, fleet: Fleet, node: SimNode, nvlink_per_link: bool = False, gpus: bool = True,
+                 reference: bool = False) -> None:
+        """`gpus` False: the agent beside dcgm-exporter (collectors.gpu and attribution off).
+        `reference`: the plain GpuCollector, reading every GPU every cycle (what the fast one is
+        tested and benchmarked against)."""
         options = GpuOptions(peak_flops=None, dtype="bf16", nvlink_per_link=nvlink_per_link, timeout=1.0,
                              dcgm_host="")
         backend = SimBackend(node.gpus, self_advancing=False, nvlink_per_link=nvlink_per_link)
-        gpu = GpuCollector(backend, node.name, options, len(node.gpus), threaded=False, clock=lambda: fleet.t)
+        kind = GpuCollector if reference else SimGpuCollector
+        gpu = kind(backend, node.name, options, len(node.gpus), threaded=False, clock=lambda: fleet.t)
         collectors = [gpu, SimTrainCollector(fleet, node), SimNicCollector(fleet, node),
                       SimHostCollector(fleet, node), SimJobCollector(fleet, node)]
         if not gpus:

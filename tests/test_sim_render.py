@@ -1,0 +1,56 @@
+"""The simulator's fast node agents serve the same bytes as the agent's plain GPU collector would.
+
+SimGpuCollector skips the per-GPU reads while every GPU answers; the reference agent reads every GPU
+through the real GpuCollector every cycle. Over faults that change GPU series (a thermal straggler,
+an XID, NVLink errors, a PCIe downgrade) and a GPU lost and recovered (the real collector's
+backoff and read errors), every line of every node's exposition must match, tick after tick, but
+the two that time the collectors themselves.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flopwatch.sim.fleet import Fleet
+from flopwatch.sim.node import SimNodeAgent
+from flopwatch.sim.scenario import parse
+
+MODEL_8B = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len": 8192}
+#: The agent's timing of itself differs between any two agents.
+TIMING = (b"flopwatch_collector_duration_seconds", b"flopwatch_collector_last_success_timestamp_seconds")
+
+
+def faulty_fleet() -> Fleet:
+    return Fleet(parse({
+        "name": "render", "seed": 3, "duration": "30m", "scrape_interval": "5s",
+        "fleet": {"nodes": 5, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 8},
+        "jobs": [{"id": "j", "nodes": "0-3", "model": MODEL_8B, "tokens_per_step": 524288, "target_mfu": 0.42,
+                  "start": "20s", "checkpoint_every": "2m"}],
+        "faults": [{"kind": "thermal_throttle", "node": 0, "gpu": 3, "start": "30s", "duration": "1m"},
+                   {"kind": "gpu_lost", "node": 1, "gpu": 6, "start": "40s", "duration": "30s"},
+                   {"kind": "nvlink_errors", "node": 2, "gpu": 1, "start": "30s", "duration": "2m"},
+                   {"kind": "pcie_downgrade", "node": 3, "gpu": 2, "start": "45s", "duration": "1m"},
+                   {"kind": "xid", "node": 3, "gpu": 5, "xid": 48, "start": "1m", "duration": "1m"}],
+    }), start_unix=1.7e9)
+
+
+def comparable(exposition: bytes) -> list[bytes]:
+    return [line for line in exposition.split(b"\n") if not line.startswith(TIMING)]
+
+
+@pytest.mark.parametrize("per_link", [False, True])
+def test_fast_node_agents_serve_what_the_plain_collector_serves(per_link: bool) -> None:
+    fleet = faulty_fleet()
+    fast = [SimNodeAgent(fleet, node, per_link) for node in fleet.nodes]
+    plain = [SimNodeAgent(fleet, node, per_link, reference=True) for node in fleet.nodes]
+    fast_ticks = 0
+    while fleet.t < 200:   # past every fault's start and end, the lost GPU's retries and return
+        fleet.advance(5.0)
+        for node, mine, theirs in zip(fleet.nodes, fast, plain, strict=True):
+            assert comparable(mine.render()) == comparable(theirs.render()), f"{node.name} at t={fleet.t:g}"
+        fast_ticks += all(agent.agent.collectors[0].fast for agent in fast)
+    # the lost GPU took the real collector's path: up 0 and its read errors, then back
+    lost = fast[1].render().decode()
+    assert 'flopwatch_gpu_read_errors_total{node="node0001",gpu="6",error="gpu_lost"}' in lost
+    assert 'flopwatch_gpu_up{node="node0001",gpu="6"} 1.0' in lost
+    assert fast_ticks > 0 if not per_link else fast_ticks == 0
