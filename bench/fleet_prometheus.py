@@ -1,6 +1,7 @@
 """A simulated fleet served on loopback and scraped by a real Prometheus through file_sd, ready
 when every target is up: the setup the measurement scripts share (each measures its own thing
-inside it)."""
+inside it). `served_fleet` alone is the fleet and its targets file, for another engine to scrape
+(bench/vm_engine.py's VictoriaMetrics)."""
 
 from __future__ import annotations
 
@@ -28,36 +29,51 @@ class ScrapedFleet:
 
 
 @contextmanager
-def scraped_fleet(scenario: Scenario, *, scrape_interval: str = "5s", evaluation_interval: str = "15s",
-                  rule_files: Sequence[Path] = (), self_scrape: bool = True, tick: float | None = None,
-                  targets: int | None = None, up_within: float = 300, query_timeout: float = 120,
-                  extra_args: Sequence[str] = ()) -> Iterator[ScrapedFleet]:
-    """The fleet ticking (every `tick` seconds, else at the scenario's scrape interval) and a
-    Prometheus scraping it (and itself, with `self_scrape`), once `targets` (default: one per
-    node) are up; SystemExit naming the count when they are not within `up_within` seconds."""
+def served_fleet(scenario: Scenario, tick: float | None = None) -> Iterator[tuple[FleetServer, Path]]:
+    """The fleet served on loopback and ticking (every `tick` seconds, else at the scenario's
+    scrape interval), and the file_sd targets file that names its nodes; stopped on exit."""
     server = FleetServer(Fleet(scenario, start_unix=time.time()))
     server.start()
     stop = threading.Event()
     ticker = threading.Thread(target=server.run, args=(0, stop, tick) if tick else (0, stop), daemon=True)
     targets_file = server.write_file_sd(Path(tempfile.mkdtemp(prefix="flopwatch-bench-")) / "targets.json")
-    prometheus = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets_file)]}]}],
-                            rule_files=list(rule_files), scrape_interval=scrape_interval,
-                            evaluation_interval=evaluation_interval, extra_args=list(extra_args))
-    if self_scrape:
-        prometheus.config["scrape_configs"].append(scrape_job("prometheus", [f"{prometheus.host}:{prometheus.port}"]))
-    expected = targets if targets is not None else scenario.fleet.nodes
     try:
-        prometheus.start(timeout=60)
         ticker.start()
-        client = PromClient(prometheus.url, timeout=query_timeout)
-        deadline = time.monotonic() + up_within
-        while (client.scalar('count(up{job="sim"} == 1)') or 0) < expected:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"not all {expected} targets came up within {up_within:g} s")
-            time.sleep(2)
-        yield ScrapedFleet(server, prometheus, client)
+        yield server, targets_file
     finally:
         stop.set()
         ticker.join(30)
-        prometheus.stop()
         server.stop()
+
+
+def wait_targets(client: PromClient, expected: int, within: float, engine: str = "Prometheus") -> None:
+    """Until `expected` targets of the `sim` job are up; SystemExit naming the count when they are not."""
+    deadline = time.monotonic() + within
+    while (client.scalar('count(up{job="sim"} == 1)') or 0) < expected:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{engine}: not all {expected} targets came up within {within:g} s")
+        time.sleep(2)
+
+
+@contextmanager
+def scraped_fleet(scenario: Scenario, *, scrape_interval: str = "5s", evaluation_interval: str = "15s",
+                  rule_files: Sequence[Path] = (), self_scrape: bool = True, tick: float | None = None,
+                  targets: int | None = None, up_within: float = 300, query_timeout: float = 120,
+                  extra_args: Sequence[str] = ()) -> Iterator[ScrapedFleet]:
+    """The served fleet (served_fleet) and a Prometheus scraping it (and itself, with
+    `self_scrape`), once `targets` (default: one per node) are up; SystemExit naming the count
+    when they are not within `up_within` seconds."""
+    with served_fleet(scenario, tick) as (server, targets_file):
+        prometheus = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets_file)]}]}],
+                                rule_files=list(rule_files), scrape_interval=scrape_interval,
+                                evaluation_interval=evaluation_interval, extra_args=list(extra_args))
+        if self_scrape:
+            prometheus.config["scrape_configs"].append(
+                scrape_job("prometheus", [f"{prometheus.host}:{prometheus.port}"]))
+        try:
+            prometheus.start(timeout=60)
+            client = PromClient(prometheus.url, timeout=query_timeout)
+            wait_targets(client, targets if targets is not None else scenario.fleet.nodes, up_within)
+            yield ScrapedFleet(server, prometheus, client)
+        finally:
+            prometheus.stop()

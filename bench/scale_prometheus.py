@@ -14,7 +14,8 @@ Three parts, each measured, none estimated:
   written into Prometheus's own TSDB blocks by `promtool tsdb create-blocks-from openmetrics`;
   bytes per sample = the block directories' size / the samples their meta.json counts.
 - `serve`: one Prometheus (5 s scrapes) scraping `--nodes` simulated nodes served by one
-  simulator process (bench/sim_capacity.py's fleet). Phase 1 scrapes only; phase 2 reloads it with
+  simulator process (bench/sim_capacity.py's fleet, served and scraped by the setup the benchmarks
+  share, bench/fleet_prometheus.py). Phase 1 scrapes only; phase 2 reloads it with
   every rule file of alerts/. Each phase's window reads Prometheus's own /metrics directly: samples
   appended, every group's `prometheus_rule_group_last_duration_seconds` (sampled every 5 s),
   iterations run and missed, failed evaluations; and Prometheus's CPU time. The CPU the rules need
@@ -28,8 +29,8 @@ Three parts, each measured, none estimated:
   `--engine prometheus,victoriametrics` then measures the same fleet and rule files through
   VictoriaMetrics (promscrape) and vmalert (bench/vm_engine.py) the same way, one after the other,
   with the VictoriaMetrics figures as ratios of Prometheus's; each engine's section records the
-  1-minute load average at the start and end of its windows. `--warmup` shortens the wait
-  after loading the rules (smoke runs and tests).
+  machine's load averages (`uptime`'s three) at the start and end of its windows, and what else
+  ran. `--warmup` shortens the wait after loading the rules (smoke runs and tests).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import os
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 import timeit
 import urllib.request
@@ -53,13 +53,12 @@ from pathlib import Path
 
 import psutil
 
-from bench.sim_capacity import cpu_seconds, fleet_scenario
-from flopwatch.promql import PromClient
+from bench.fleet_prometheus import ScrapedFleet, scraped_fleet
+from bench.sim_capacity import cpu_seconds, fleet_scenario, report
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
-from flopwatch.sim.scenario import EXPORTERS, node_name
-from flopwatch.sim.serve import FleetServer
+from flopwatch.sim.scenario import EXPORTERS, Scenario, node_name
 from flopwatch.stack import Prometheus
 from flopwatch.stack.process import MissingBinary, require_binary
 from flopwatch.topology.model import Fabric
@@ -217,15 +216,25 @@ def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict
             "others": _busiest_others(others0, _other_processes({me.pid, proc.pid}), wall)}
 
 
-def bench_fleet(nodes: int, interval: float = 5.0, exporter: str = "agent", fabric: bool = False) -> tuple[Fleet, int]:
-    """The measured fleet, and the scrape targets it serves (dcgm-exporter's beside each agent)."""
+def bench_scenario(nodes: int, interval: float = 5.0, exporter: str = "agent", fabric: bool = False) -> Scenario:
+    """The measured fleet (bench/sim_capacity.py's), its GPUs behind `exporter`, with a topology."""
     scenario = fleet_scenario(nodes, interval)
     scenario = dataclasses.replace(scenario, fleet=dataclasses.replace(scenario.fleet, exporter=exporter))
     if fabric:
         names = [node_name(i) for i in range(nodes)]
         scenario = dataclasses.replace(scenario, fabric=Fabric.rail_optimised(
             names, scenario.fleet.nics_per_node, nodes_per_leaf_group=16, spines=4))
-    return Fleet(scenario, start_unix=time.time()), nodes * (1 if exporter == "agent" else 2)
+    return scenario
+
+
+def scrape_targets(scenario: Scenario) -> int:
+    """The scrape targets the fleet serves: one per node, and dcgm-exporter's beside each agent."""
+    return scenario.fleet.nodes * (1 if scenario.fleet.exporter == "agent" else 2)
+
+
+def uptime() -> str:
+    """The machine's load averages (1, 5, 15 minutes), as `uptime` prints them: the machine is shared."""
+    return ", ".join(f"{load:.2f}" for load in os.getloadavg())
 
 
 def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: float | None = None,
@@ -235,97 +244,94 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
     CPU minus phase 1's, per evaluation actually run (a starved Prometheus skips iterations)."""
     if not rule_files:
         raise SystemExit("no rule files (flopwatch-*.yml) in the rules folder")
-    fleet, targets_expected = bench_fleet(nodes, interval, exporter, fabric)
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
+    scenario = bench_scenario(nodes, interval, exporter, fabric)
     # a slower tick than the scrape interval spares the CPU Prometheus needs; scrapes, series and
     # samples are the same (values change every `tick` seconds instead of every scrape)
-    ticker = threading.Thread(target=server.run, args=(0, stop, tick or interval), daemon=True)
-    workdir = Path(tempfile.mkdtemp(prefix="flopwatch-bench-"))
-    targets = server.write_file_sd(workdir / "targets.json")
-    prom = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}],
-                      scrape_interval=f"{interval:g}s", evaluation_interval="15s",
-                      extra_args=["--query.max-samples=200000000"])
-    try:
-        prom.start(timeout=60)
-        ticker.start()
-        client = PromClient(prom.url, timeout=300)
-        deadline = time.monotonic() + 300
-        while (client.scalar('count(up{job="sim"} == 1)') or 0) < targets_expected:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"not all {targets_expected} targets came up within 300 s")
-            time.sleep(2)
-        time.sleep(min(20.0, warmup))
-        load_at_start = os.getloadavg()[0]
-        scrape_only = _window(prom, seconds / 2)
-        prom.config["rule_files"] = [str(path) for path in rule_files]
-        prom.reload()
-        time.sleep(warmup)  # a minute of samples behind every rate(...[1m]); every group has run
-        ticks_before = server.ticks
-        rules = _window(prom, seconds)
-        ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
-        window = f"{int(rules['wall'])}s"
-        failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
-                               f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
-        first, last = rules["first"], rules["last"]
-        groups: dict[str, dict[str, float]] = {}
-        for (name, group), value in last.items():
-            if name != "prometheus_rule_group_interval_seconds":
-                continue
-            done = last[("prometheus_rule_group_iterations_total", group)] - \
-                first[("prometheus_rule_group_iterations_total", group)]
-            missed = last[("prometheus_rule_group_iterations_missed_total", group)] - \
-                first[("prometheus_rule_group_iterations_missed_total", group)]
-            seen = rules["durations"].get(group) or [0.0]
-            # iterations_total counts every scheduled iteration, the missed ones included
-            groups[group] = {"interval_s": value, "rules": last[("prometheus_rule_group_rules", group)],
-                             "iterations_run": done - missed, "missed": missed, "nominal": rules["wall"] / value,
-                             "duration_mean_s": statistics.mean(seen), "duration_max_s": max(seen)}
-        gpus = nodes * fleet.scenario.fleet.gpus_per_node
-        cpu_scrape = scrape_only["cpu"] / scrape_only["wall"]
-        cpu_rules_window = rules["cpu"] / rules["wall"]
-        done_share = sum(g["iterations_run"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
-        rule_cores = max(0.0, cpu_rules_window - cpu_scrape) / max(done_share, 1e-9)
+    with scraped_fleet(scenario, scrape_interval=f"{interval:g}s", self_scrape=False, tick=tick or interval,
+                       targets=scrape_targets(scenario), query_timeout=300,
+                       extra_args=["--query.max-samples=200000000"]) as scraped:
+        return _measure_rules(scraped, seconds, interval, tick, rule_files, warmup)
 
-        def appended(window: dict[str, object]) -> float:
-            counter = "prometheus_tsdb_head_samples_appended_total", ""
-            return (window["last"][counter] - window["first"][counter]) / window["wall"]  # type: ignore[index]
 
-        return {
-            "engine": "prometheus", "exporter": exporter, "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval,
-            "sim_tick_interval_s": tick or interval,
-            "window_s_scrape_only": round(scrape_only["wall"], 1), "window_s_with_rules": round(rules["wall"], 1),
-            "head_series": last[("prometheus_tsdb_head_series", "")],
-            "series_per_node": round((client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0) / nodes, 1),
-            "samples_per_s_scrape_only": round(appended(scrape_only)),
-            "samples_per_s_with_rules": round(appended(rules)),
-            "samples_per_s_nominal": round(last[("prometheus_tsdb_head_series", "")] / interval),
-            "failed_scrapes_with_rules": failed,
-            "prometheus_cpu_cores_scrape_only": round(cpu_scrape, 3),
-            "prometheus_cpu_cores_with_rules": round(cpu_rules_window, 3),
-            "rule_iterations_run_share": round(done_share, 3),
-            "rule_cores_needed": round(rule_cores, 3),
-            "rule_core_seconds_per_s_per_1000_gpus": round(rule_cores / (gpus / 1000), 4),
-            "prometheus_rss_gib_max": round(max(rules["rss"]) / 2**30, 2),
-            "missed_iterations": sum(g["missed"] for g in groups.values()),
-            "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
-            "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
-            "rule_evaluation_failures": last[("prometheus_rule_evaluation_failures_total", "")]
-            - first[("prometheus_rule_evaluation_failures_total", "")],
-            "slowest_group_max_s": round(max(g["duration_max_s"] for g in groups.values()), 3),
-            "load_average_1m_at_start": round(load_at_start, 2),
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-            "other_processes_pct_of_core_scrape_only": scrape_only["others"],
-            "other_processes_pct_of_core_with_rules": rules["others"],
-            "groups": {name: {k: round(v, 4) for k, v in values.items()} for name, values in sorted(groups.items())},
-            "slowest_rules_last_evaluation": _slowest_rules(prom.url),
-        }
-    finally:
-        stop.set()
-        ticker.join(30)
-        prom.stop()
-        server.stop()
+def _groups(rules: dict[str, object]) -> dict[str, dict[str, float]]:
+    """Each rule group's iterations run and missed over a window, and its sampled durations."""
+    first, last = rules["first"], rules["last"]
+    groups: dict[str, dict[str, float]] = {}
+    for (name, group), value in last.items():  # type: ignore[attr-defined]
+        if name != "prometheus_rule_group_interval_seconds":
+            continue
+        done = last[("prometheus_rule_group_iterations_total", group)] - \
+            first[("prometheus_rule_group_iterations_total", group)]  # type: ignore[index]
+        missed = last[("prometheus_rule_group_iterations_missed_total", group)] - \
+            first[("prometheus_rule_group_iterations_missed_total", group)]  # type: ignore[index]
+        seen = rules["durations"].get(group) or [0.0]  # type: ignore[attr-defined]
+        # iterations_total counts every scheduled iteration, the missed ones included
+        groups[group] = {"interval_s": value, "rules": last[("prometheus_rule_group_rules", group)],
+                         "iterations_run": done - missed, "missed": missed, "nominal": rules["wall"] / value,
+                         "duration_mean_s": statistics.mean(seen), "duration_max_s": max(seen)}
+    return groups
+
+
+def _measure_rules(scraped: ScrapedFleet, seconds: float, interval: float, tick: float | None,
+                   rule_files: list[Path], warmup: float) -> dict[str, object]:
+    server, prom, client = scraped.server, scraped.prometheus, scraped.client
+    fleet, nodes = server.fleet, len(server.fleet.nodes)
+    exporter = fleet.scenario.fleet.exporter
+    machine_load_at_start = uptime()
+    time.sleep(min(20.0, warmup))
+    load_at_start = os.getloadavg()[0]
+    scrape_only = _window(prom, seconds / 2)
+    prom.config["rule_files"] = [str(path) for path in rule_files]
+    prom.reload()
+    time.sleep(warmup)  # a minute of samples behind every rate(...[1m]); every group has run
+    ticks_before = server.ticks
+    rules = _window(prom, seconds)
+    ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
+    window = f"{int(rules['wall'])}s"
+    failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
+                           f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
+    first, last = rules["first"], rules["last"]
+    groups = _groups(rules)
+    gpus = nodes * fleet.scenario.fleet.gpus_per_node
+    cpu_scrape = scrape_only["cpu"] / scrape_only["wall"]
+    cpu_rules_window = rules["cpu"] / rules["wall"]
+    done_share = sum(g["iterations_run"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
+    rule_cores = max(0.0, cpu_rules_window - cpu_scrape) / max(done_share, 1e-9)
+
+    def appended(window: dict[str, object]) -> float:
+        counter = "prometheus_tsdb_head_samples_appended_total", ""
+        return (window["last"][counter] - window["first"][counter]) / window["wall"]  # type: ignore[index]
+
+    return {
+        "engine": "prometheus", "exporter": exporter, "nodes": nodes, "gpus": gpus, "scrape_interval_s": interval,
+        "sim_tick_interval_s": tick or interval,
+        "window_s_scrape_only": round(scrape_only["wall"], 1), "window_s_with_rules": round(rules["wall"], 1),
+        "head_series": last[("prometheus_tsdb_head_series", "")],
+        "series_per_node": round((client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0) / nodes, 1),
+        "samples_per_s_scrape_only": round(appended(scrape_only)),
+        "samples_per_s_with_rules": round(appended(rules)),
+        "samples_per_s_nominal": round(last[("prometheus_tsdb_head_series", "")] / interval),
+        "failed_scrapes_with_rules": failed,
+        "prometheus_cpu_cores_scrape_only": round(cpu_scrape, 3),
+        "prometheus_cpu_cores_with_rules": round(cpu_rules_window, 3),
+        "rule_iterations_run_share": round(done_share, 3),
+        "rule_cores_needed": round(rule_cores, 3),
+        "rule_core_seconds_per_s_per_1000_gpus": round(rule_cores / (gpus / 1000), 4),
+        "prometheus_rss_gib_max": round(max(rules["rss"]) / 2**30, 2),
+        "missed_iterations": sum(g["missed"] for g in groups.values()),
+        "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
+        "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
+        "rule_evaluation_failures": last[("prometheus_rule_evaluation_failures_total", "")]
+        - first[("prometheus_rule_evaluation_failures_total", "")],
+        "slowest_group_max_s": round(max(g["duration_max_s"] for g in groups.values()), 3),
+        "load_average_1m_at_start": round(load_at_start, 2),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "uptime_load_at_start": machine_load_at_start, "uptime_load_at_end": uptime(),
+        "other_processes_pct_of_core_scrape_only": scrape_only["others"],
+        "other_processes_pct_of_core_with_rules": rules["others"],
+        "groups": {name: {k: round(v, 4) for k, v in values.items()} for name, values in sorted(groups.items())},
+        "slowest_rules_last_evaluation": _slowest_rules(prom.url),
+    }
 
 
 def _other_processes(exclude: set[int]) -> dict[int, tuple[str, float]]:
@@ -385,8 +391,8 @@ def _serve_engines(engines: list[str], args: argparse.Namespace, rules: list[Pat
         else:
             from bench.vm_engine import serve_with_vmalert
 
-            fleet, targets = bench_fleet(args.nodes, args.interval, exporter, args.fabric)
-            measured[engine] = serve_with_vmalert(fleet, targets, args.seconds, args.interval, args.tick, rules,
+            scenario = bench_scenario(args.nodes, args.interval, exporter, args.fabric)
+            measured[engine] = serve_with_vmalert(scenario, args.seconds, args.interval, args.tick, rules,
                                                   args.warmup)
     out: dict[str, object] = {f"serve{suffix}" if engine == engines[0] else f"serve_{engine}{suffix}": figures
                               for engine, figures in measured.items()}
@@ -443,16 +449,7 @@ def main() -> None:
             parser.exit(2, f"{error}\n")
         for exporter in exporters[1:]:
             results[f"ratio_{exporter}_to_{exporters[0]}"] = ratios(results[f"serve_{exporter}"], results["serve"])
-    for section, values in results.items():
-        print(f"\n| {section} | value |\n|---|---|")
-        for key, value in values.items():  # type: ignore[union-attr]
-            if isinstance(value, dict):
-                for group, figures in value.items():
-                    print(f"| {key}: {group} | {figures} |")
-            else:
-                print(f"| {key} | {value} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    report(results, args.json)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -8,19 +8,15 @@ VictoriaMetrics scrapes the simulated fleet with a promscrape config equal to th
 `-evaluationInterval` 15 s like Prometheus' `evaluation_interval`, each group's own `interval`
 honoured. Alerting rules make vmalert insist on a notifier: a real Alertmanager, not measured.
 
-vmalert (Debian's 1.79) refuses to start on a file with anything it does not know, and names one
-problem per run of `-dryRun`; `vmalert_rules` repeats the dry run, takes out what it names (a field
-it does not know, else the rule, else the group) and reports every removal with vmalert's reason.
+vmalert (Debian's 1.79) refuses to start on a file with anything it does not know: the rule files
+go through flopwatch.stack.vmalert_rules first, which takes out what it names and reports it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import statistics
-import subprocess
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -30,80 +26,16 @@ from typing import Any
 import psutil
 import yaml
 
-from bench.scale_prometheus import _busiest_others, _other_processes, server_metrics
+from bench.fleet_prometheus import served_fleet, wait_targets
+from bench.scale_prometheus import _busiest_others, _other_processes, scrape_targets, server_metrics, uptime
 from bench.sim_capacity import cpu_seconds
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet
-from flopwatch.sim.serve import FleetServer
+from flopwatch.sim.scenario import Scenario
 from flopwatch.stack import Alertmanager, VictoriaMetrics, VmAlert
-from flopwatch.stack.process import require_binary
+from flopwatch.stack.vmalert_rules import vmalert_rules
 
-_PROBLEM = re.compile(r'invalid group "(?P<group>[^"]+)" in file "[^"]+": (?P<reason>.+)')
-_RULE = re.compile(r'rule "[^"]*"\."(?P<rule>[^"]+)": ')
-_UNKNOWN = re.compile(r'unknown fields in (?:rule|group(?: "[^"]*")?): (?P<fields>[\w, ]+)$')
-_DRY_RUNS_MAX = 50
 NULL_ALERTMANAGER = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
-
-
-# -- what vmalert 1.79 accepts -------------------------------------------------------------------------
-def _dry_run(vmalert: str, path: Path) -> list[str]:
-    """vmalert's complaints about one rule file, one a line (none when it would start on it)."""
-    done = subprocess.run([vmalert, "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"],
-                          check=False, capture_output=True, text=True, timeout=60)
-    text = done.stdout + done.stderr
-    if "fatal" not in text and done.returncode == 0:
-        return []
-    problems = [match.group(0) for match in _PROBLEM.finditer(text)]
-    return problems or [text.strip().rsplit("\t", 1)[-1] or f"exit code {done.returncode}"]
-
-
-def _take_out(doc: dict[str, Any], complaint: str) -> dict[str, str]:
-    """Remove from `doc` what vmalert complained of; what was removed and why."""
-    match = _PROBLEM.search(complaint)
-    group = next((g for g in doc["groups"] if match and g["name"] == match["group"]), None)
-    if not match or group is None:
-        doc["groups"] = []
-        return {"group": "*", "rule": "*", "removed": "file", "reason": complaint}
-    reason, rule, unknown = match["reason"].strip(), _RULE.search(match["reason"]), _UNKNOWN.search(match["reason"])
-    target: dict[str, Any] | None = group
-    if rule:
-        target = next((r for r in group["rules"] if (r.get("alert") or r.get("record")) == rule["rule"]), None)
-    if unknown and target is not None:
-        fields = [field.strip() for field in unknown["fields"].split(",") if field.strip()]
-        for field in fields:
-            target.pop(field, None)
-        removed = "field " + ", ".join(fields)
-    elif rule and target is not None:
-        group["rules"].remove(target)
-        removed = "rule"
-    else:
-        doc["groups"].remove(group)
-        removed = "group"
-    return {"group": match["group"], "rule": rule["rule"] if rule else "*", "removed": removed, "reason": reason}
-
-
-def vmalert_rules(rule_files: list[Path], workdir: Path) -> tuple[list[Path], list[dict[str, str]]]:
-    """Copies of `rule_files` that vmalert starts on, and each removal (file, group, rule, what, why)."""
-    vmalert = require_binary("vmalert", "victoria-metrics")
-    workdir.mkdir(parents=True, exist_ok=True)
-    out, removals = [], []
-    for source in rule_files:
-        copy = workdir / source.name
-        copy.write_text(source.read_text())
-        doc: dict[str, Any] | None = None
-        for _ in range(_DRY_RUNS_MAX):
-            complaints = _dry_run(vmalert, copy)
-            if not complaints:
-                break
-            doc = doc or yaml.safe_load(source.read_text())
-            removals.extend({"file": source.name, **_take_out(doc, complaint)} for complaint in complaints)
-            copy.write_text(yaml.safe_dump(doc, sort_keys=False))
-        else:
-            raise SystemExit(f"vmalert still rejects {source} after {_DRY_RUNS_MAX} removals; run "
-                             f"`vmalert -dryRun -rule={copy}` to see why")
-        if doc is None or doc["groups"]:
-            out.append(copy)
-    return out, removals
 
 
 # -- vmalert's own /metrics ------------------------------------------------------------------------------
@@ -189,16 +121,8 @@ def _promscrape_config(targets: Path, interval: float) -> dict[str, Any]:
             "scrape_configs": [{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}]}
 
 
-def _wait_targets(client: PromClient, expected: int, within: float = 300) -> None:
-    deadline = time.monotonic() + within
-    while (client.scalar('count(up{job="sim"} == 1)') or 0) < expected:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"VictoriaMetrics: not all {expected} targets came up within {within:g} s")
-        time.sleep(2)
-
-
-def serve_with_vmalert(fleet: Fleet, targets_expected: int, seconds: float, interval: float = 5.0,
-                       tick: float | None = None, rule_files: list[Path] = (),  # type: ignore[assignment]
+def serve_with_vmalert(scenario: Scenario, seconds: float, interval: float = 5.0, tick: float | None = None,
+                       rule_files: list[Path] = (),  # type: ignore[assignment]
                        warmup: float = 75.0) -> dict[str, Any]:
     """Phase 1: VictoriaMetrics scrapes only; phase 2: vmalert evaluates every rule file against it.
     Rule CPU = phase 2's CPU of both minus phase 1's of VictoriaMetrics, per evaluation actually run."""
@@ -206,45 +130,41 @@ def serve_with_vmalert(fleet: Fleet, targets_expected: int, seconds: float, inte
     rules, removals = vmalert_rules(list(rule_files), workdir / "rules")
     if not rules:
         raise SystemExit("vmalert accepts none of the rule files; see `vmalert -dryRun -rule=FILE`")
-    server = FleetServer(fleet)
-    server.start()
-    stop = threading.Event()
-    ticker = threading.Thread(target=server.run, args=(0, stop, tick or interval), daemon=True)
-    scrape = workdir / "promscrape.yml"
-    scrape.write_text(yaml.safe_dump(_promscrape_config(server.write_file_sd(workdir / "targets.json"), interval)))
-    victoria = VictoriaMetrics(extra_args=[f"-promscrape.config={scrape}", "-search.maxUniqueTimeseries=100000000",
-                                           "-search.maxQueryDuration=300s"])
-    alertmanager = Alertmanager(NULL_ALERTMANAGER)
-    vmalert: VmAlert | None = None
-    try:
-        victoria.start(timeout=60)
-        alertmanager.start(timeout=60)
-        ticker.start()
-        client = PromClient(victoria.url, timeout=300)
-        _wait_targets(client, targets_expected)
-        time.sleep(min(20.0, warmup))
-        vm_proc = psutil.Process(victoria.proc.pid)
-        scrape_only = _window([vm_proc], victoria.url, None, seconds / 2)
-        vmalert = VmAlert(rules, victoria.url, notifiers=[alertmanager.url], evaluation_interval="15s",
-                          extra_args=[f"-remoteRead.url={victoria.url}"])
-        vmalert.start(timeout=60)
-        time.sleep(warmup)  # a minute of samples behind every rate(...[1m]); every group has run
-        ticks_before = server.ticks
-        with_rules = _window([vm_proc, psutil.Process(vmalert.proc.pid)], victoria.url, vmalert.url, seconds)
-        ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
-        window = f"{int(with_rules['wall'])}s"
-        failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
-                               f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
-        series = client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0
-        return _report(fleet, targets_expected, interval, tick, scrape_only, with_rules, failed, series, ticks,
-                       removals, rules_in_error(vmalert.url))
-    finally:
-        stop.set()
-        ticker.join(30)
-        for process in (vmalert, alertmanager, victoria):
-            if process is not None:
-                process.stop()
-        server.stop()
+    targets_expected = scrape_targets(scenario)
+    with served_fleet(scenario, tick or interval) as (server, targets):
+        scrape = workdir / "promscrape.yml"
+        scrape.write_text(yaml.safe_dump(_promscrape_config(targets, interval)))
+        victoria = VictoriaMetrics(extra_args=[f"-promscrape.config={scrape}", "-search.maxUniqueTimeseries=100000000",
+                                               "-search.maxQueryDuration=300s"])
+        alertmanager = Alertmanager(NULL_ALERTMANAGER)
+        vmalert: VmAlert | None = None
+        try:
+            victoria.start(timeout=60)
+            alertmanager.start(timeout=60)
+            client = PromClient(victoria.url, timeout=300)
+            wait_targets(client, targets_expected, 300, "VictoriaMetrics")
+            load_at_start = uptime()
+            time.sleep(min(20.0, warmup))
+            vm_proc = psutil.Process(victoria.proc.pid)
+            scrape_only = _window([vm_proc], victoria.url, None, seconds / 2)
+            vmalert = VmAlert(rules, victoria.url, notifiers=[alertmanager.url], evaluation_interval="15s",
+                              extra_args=[f"-remoteRead.url={victoria.url}"])
+            vmalert.start(timeout=60)
+            time.sleep(warmup)  # a minute of samples behind every rate(...[1m]); every group has run
+            ticks_before = server.ticks
+            with_rules = _window([vm_proc, psutil.Process(vmalert.proc.pid)], victoria.url, vmalert.url, seconds)
+            ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
+            window = f"{int(with_rules['wall'])}s"
+            failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
+                                   f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
+            series = client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0
+            report = _report(server.fleet, targets_expected, interval, tick, scrape_only, with_rules, failed, series,
+                             ticks, removals, rules_in_error(vmalert.url))
+            return {**report, "uptime_load_at_start": load_at_start, "uptime_load_at_end": uptime()}
+        finally:
+            for process in (vmalert, alertmanager, victoria):
+                if process is not None:
+                    process.stop()
 
 
 def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scrape_only: dict[str, Any],

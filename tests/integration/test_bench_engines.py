@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.vm_engine import _dry_run, vmalert_rules
 from flopwatch.stack.process import require_binary
+from flopwatch.stack.vmalert_rules import dry_run, vmalert_rules
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -107,7 +107,7 @@ def test_vmalert_rules_takes_out_what_vmalert_rejects_and_says_why(tmp_path: Pat
     assert "bad prometheus expr" in next(r["reason"] for r in removals if r["rule"] == "a:b")
     kept = yaml.safe_load(copies[0].read_text())
     assert [[rule.get("alert") or rule["record"] for rule in g["rules"]] for g in kept["groups"]] == [["Kept"], ["c:d"]]
-    assert _dry_run(require_binary("vmalert", "victoria-metrics"), copies[0]) == []
+    assert dry_run(require_binary("vmalert", "victoria-metrics"), copies[0]) == []
 
 
 def test_unknown_engine_is_one_line_and_exit_2() -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.vm_engine import vmalert_rules
 from flopwatch.promql import PromClient
 from flopwatch.stack import Alertmanager, Prometheus, VictoriaMetrics, VmAlert
+from flopwatch.stack.vmalert_rules import vmalert_rules
 from integration.fleets import serving, two_jobs_48_gpus
 
 pytestmark = pytest.mark.integration

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.vm_engine import vmalert_rules
 from flopwatch.commands.demo import alertmanager_config, rule_files
 from flopwatch.promql import PromClient
 from flopwatch.sim.fleet import Fleet, node_name
 from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Alertmanager, VictoriaMetrics, VmAlert
+from flopwatch.stack.vmalert_rules import vmalert_rules
 from flopwatch.stack.webhook import WebhookReceiver
 from integration.fleets import llm_8b_32_ranks
 
