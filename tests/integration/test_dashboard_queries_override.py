@@ -78,19 +78,23 @@ def test_override_panel_queries_return_series_with_their_labels(override, promet
 def test_the_selector_keeps_the_copy_out_of_mfu(prometheus) -> None:
     """The rules' model FLOP/s of a job are the selected scrape job's, half of what both jobs report (the
     two scrape jobs sample at different moments, so the halves agree within a few percent; a rule without
-    the selector would read twice as much). Compared once both jobs' series fill the rules' minute:
-    before that, rate() extrapolates each job's first samples differently and the halves can differ by 2x."""
+    the selector would read twice as much). Compared at the rule's own evaluation (its group runs every
+    15 s), once both jobs' series fill the rules' minute there: before that, rate() extrapolates each
+    job's first samples differently and the halves can differ by 2x."""
     client, _ = prometheus
-    queries = {"rule": 'job_id:flopwatch_model_flops:rate1m{job_id="llm-a"}',
-               "selected": 'sum(rate(flopwatch_train_model_flops_total{job="gpu-agents",job_id="llm-a"}[1m]))',
+    rule = 'job_id:flopwatch_model_flops:rate1m{job_id="llm-a"}'
+    queries = {"selected": 'sum(rate(flopwatch_train_model_flops_total{job="gpu-agents",job_id="llm-a"}[1m]))',
                "both": 'sum(rate(flopwatch_train_model_flops_total{job_id="llm-a"}[1m]))',
                "filled": 'min(count_over_time(flopwatch_train_model_flops_total{job_id="llm-a"}[1m]))'}
     deadline = time.monotonic() + DEADLINE_S + 60
     values: dict[str, float] = {}
     while time.monotonic() < deadline and not (len(values) == 4 and values["rule"] > 0 and values["filled"] >= 50):
-        at = time.time() - 5     # an evaluated timestamp: the rule and the raw sums see the same samples
-        values = {name: sample.value for name, query in queries.items() for sample in client.query(query, at)}
-        time.sleep(2)
+        evaluated = client.query(f"timestamp({rule})")    # the rule and the raw sums see the same samples there
+        if evaluated:
+            at = evaluated[0].value
+            values = {"rule": client.query(rule, at)[0].value}
+            values |= {name: sample.value for name, query in queries.items() for sample in client.query(query, at)}
+        time.sleep(1)
     assert len(values) == 4 and values["filled"] >= 50, values
     assert values["selected"] == pytest.approx(values["both"] / 2, rel=0.1)    # the copy is there ...
     assert values["rule"] == pytest.approx(values["selected"], rel=0.1)       # ... and the rule leaves it out
