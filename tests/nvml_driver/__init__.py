@@ -108,6 +108,7 @@ class DriverState:
         self.path = self.directory / "state"
         self.gpus = [Gpu(model) for model in models]
         self.driver, self.nvml, self.epoch, self.init_error = "550.54.15", "12.550.54.15", 0, 0
+        self.clock: float | None = None     # the counters' clock in seconds; None: the library's monotonic one
         self.xids: list[tuple[int, int]] = []
         self._serial = 0
         self._lock = threading.Lock()
@@ -115,6 +116,7 @@ class DriverState:
 
     def text(self) -> str:
         lines = [f"driver {self.driver}", f"nvml {self.nvml}", f"epoch {self.epoch}", f"init_error {self.init_error}"]
+        lines += [f"clock {self.clock!r}"] if self.clock is not None else []
         lines += [f"gpus 1 {gpu.model}" for gpu in self.gpus]
         for index, gpu in enumerate(self.gpus):
             lines.append(f"gpu {index}")
@@ -167,6 +169,11 @@ class DriverState:
         """End every injected hang (a hung call returns within 10 ms of this)."""
         for gpu in self.gpus:
             gpu.hangs.clear()
+        self.write()
+
+    def set_clock(self, seconds: float) -> None:
+        """The counters (energy, GPM, PCIe and NVLink bytes) integrate their rates up to `seconds`."""
+        self.clock = seconds
         self.write()
 
     def restart_driver(self) -> None:

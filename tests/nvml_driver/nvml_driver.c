@@ -12,6 +12,7 @@
  * __init__.py), re-read whenever it changes, so a test or a running agent sees a GPU fall off the
  * bus, an XID arrive, a function answer NOT_SUPPORTED, a call hang or the driver restart. Lines:
  *   driver V | nvml V | epoch N (bump: driver reloaded) | init_error CODE
+ *   clock SECONDS (the counters' clock, set by the test; absent or 0: CLOCK_MONOTONIC)
  *   gpus COUNT MODEL (A100, H100, H200, B200) | xid GPU CODE (in delivery order)
  *   gpu INDEX, then for that GPU: KEY VALUE (see KEYS; NVML units) | fail FUNCTION CODE |
  *   hang FUNCTION SECONDS | field_error FIELD SCOPE CODE | violation POLICY NS | pids P... | name/uuid TEXT
@@ -77,6 +78,7 @@ struct gpu_cfg {
 struct state {
     char driver[80], nvml[80];
     long long cuda, epoch, init_error;
+    double clock;
     int ngpus;
     struct gpu_cfg gpus[MAX_GPUS];
     int nxids;
@@ -258,14 +260,17 @@ static void parse(FILE *file, struct state *s) {
         } else if (strcmp(word, "nvml") == 0) { snprintf(s->nvml, sizeof s->nvml, "%s", rest);
         } else if (strcmp(word, "cuda") == 0) { s->cuda = atoll(rest);
         } else if (strcmp(word, "epoch") == 0) { s->epoch = atoll(rest);
+        } else if (strcmp(word, "clock") == 0) { s->clock = atof(rest);
         } else if (strcmp(word, "init_error") == 0) { s->init_error = atoll(rest);
         } else if (gpu >= 0) { parse_gpu_line(&s->gpus[gpu], word, rest); }
     }
 }
 
-/* Advance every GPU's counters to now at the rates configured so far. */
-static void integrate(void) {
-    double t = now_s();
+/* The time the counters integrate to: the state's clock when the test sets one. */
+static double counters_now(const struct state *s) { return s->clock > 0 ? s->clock : now_s(); }
+
+/* Advance every GPU's counters to `t` at the rates configured so far. */
+static void integrate(double t) {
     for (int i = 0; i < st.ngpus; i++) {
         struct integral *r = &run[i];
         const struct gpu_cfg *g = &st.gpus[i];
@@ -298,7 +303,7 @@ static void reload(void) {
         fclose(file);
         seen = now;
     }
-    integrate();
+    integrate(counters_now(&fresh));   /* the old rates, up to the new state's time */
     st = fresh;
     loaded = 1;
 }
@@ -539,7 +544,7 @@ ULL_GETTER(nvmlDeviceGetCurrentClocksEventReasons, g->clock_reasons & g->support
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
     ENTER(device, g);
     REQUIRE(energy != NULL);
-    integrate();
+    integrate(counters_now(&st));
     *energy = (unsigned long long)g->energy_base_mj + (unsigned long long)run[device->index].energy_mj;
     UNLOCK();
     return NVML_SUCCESS;
@@ -685,7 +690,7 @@ static void answer_field(const struct gpu_cfg *g, const struct integral *r, nvml
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
     ENTER(device, g);
     REQUIRE(values != NULL && valuesCount > 0);
-    integrate();
+    integrate(counters_now(&st));
     long long stamp = wall_us();
     for (int i = 0; i < valuesCount; i++) {
         values[i].timestamp = stamp;
@@ -740,7 +745,7 @@ nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
     struct nvmlGpmSample_st *s = sample_of(gpmSample);
     REQUIRE(s != NULL);
     if (!g->gpm) { UNLOCK(); return NVML_ERROR_NOT_SUPPORTED; }
-    integrate();
+    integrate(counters_now(&st));
     s->filled = 1;
     s->index = device->index;
     s->reset = device->reset;
