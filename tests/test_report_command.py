@@ -30,6 +30,7 @@ def test_unreachable_prometheus_is_one_line_and_exit_1(tmp_path):
     (["--price-kwh", "free"], "--price-kwh = 'free': expected a price"),
     (["--last", "7d", "--from", "2026-11-01"], "either --last or --from/--to"),
     (["--config", "/nonexistent/report.yml"], "config file /nonexistent/report.yml: cannot read it"),
+    (["--rules-config", "/nonexistent/fw.yml"], "rules config /nonexistent/fw.yml: cannot read it"),
 ])
 def test_bad_input_is_exit_2_with_what_to_do(tmp_path, capsys, args, message):
     code = cli.main(["report", "--prometheus", "http://127.0.0.1:9", "--out", str(tmp_path), *args])
@@ -47,5 +48,6 @@ def test_help():
     done = subprocess.run([sys.executable, "-m", "flopwatch", "report", "--help"], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0
-    for flag in ("--prometheus", "--last", "--from", "--to", "--out", "--price-kwh", "--price-gpu-hour", "--config"):
+    for flag in ("--prometheus", "--last", "--from", "--to", "--out", "--price-kwh", "--price-gpu-hour", "--config",
+                 "--rules-config"):
         assert flag in done.stdout
