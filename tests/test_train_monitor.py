@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import tracemalloc
 
 import pytest
@@ -43,16 +42,30 @@ def _monitor(path: str, **options) -> StepMonitor:
     return StepMonitor(options.pop("flops", 1e12), options.pop("tokens", 4096), socket_path=path, **options)
 
 
+class Clock:
+    """The monitor's clock, moved by the test: phases last exactly what the test says."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_steps_send_running_totals_and_phases_add_up(agent_socket):
     path, received = agent_socket
-    mon = _monitor(path)
+    clock = Clock()
+    mon = _monitor(path, clock=clock)
     for _ in range(3):
         with mon.step():
             with mon.phase("data"):
-                time.sleep(0.003)
+                clock.advance(0.003)
             with mon.phase("compute"):
-                time.sleep(0.006)
-            time.sleep(0.004)                        # untimed: counts as other
+                clock.advance(0.006)
+            clock.advance(0.004)                     # untimed: counts as other
             with mon.phase("comm"):
                 pass
             with mon.phase("optimizer"):
@@ -62,9 +75,11 @@ def test_steps_send_running_totals_and_phases_add_up(agent_socket):
     last = records[-1]
     assert (last.job_id, last.rank, last.local_rank, last.gpu) == ("job-1", 2, 1, 1)
     assert last.tokens == 3 * 4096 and last.model_flops == 3e12 == last.hardware_flops
-    assert last.phases["compute"] >= 3 * 0.006 and last.phases["other"] >= 3 * 0.004
+    assert last.phases["data"] == pytest.approx(3 * 0.003) and last.phases["compute"] == pytest.approx(3 * 0.006)
+    assert last.phases["other"] == pytest.approx(3 * 0.004) and last.phases["comm"] == 0.0
     assert sum(last.phases.values()) == pytest.approx(last.step_seconds, rel=1e-9)
-    assert sum(last.buckets) == 3 and last.buckets[0] == 0      # every step took over 13 ms
+    assert last.step_seconds == pytest.approx(3 * 0.013)
+    assert sum(last.buckets) == 3 and last.buckets[0] == 0      # every step took 13 ms
     assert last.dropped == 0 and len({r.instance for r in records}) == 1
 
 
@@ -109,29 +124,31 @@ def test_flops_account_sends_both_counts(agent_socket):
 
 def test_checkpoints_by_seconds_and_by_context(agent_socket):
     path, received = agent_socket
-    mon = _monitor(path)
+    clock = Clock()
+    mon = _monitor(path, clock=clock)
     mon.checkpoint(seconds=12.5, kind="save")
     with mon.checkpoint(kind="restore"):
-        time.sleep(0.01)
+        clock.advance(0.01)
     records = received()
     assert records[-1].checkpoint_save_seconds == 12.5
-    assert records[-1].checkpoint_restore_seconds >= 0.01
+    assert records[-1].checkpoint_restore_seconds == pytest.approx(0.01)
     assert records[-1].steps == 0
 
 
 def test_bad_calls_warn_and_never_raise(agent_socket, caplog):
     path, received = agent_socket
-    mon = _monitor(path)
+    clock = Clock()
+    mon = _monitor(path, clock=clock)
     with caplog.at_level(logging.WARNING, "flopwatch.train"):
         assert mon.checkpoint(seconds=float("nan")) is None
         assert mon.checkpoint(seconds=-3) is None
         assert mon.checkpoint(seconds=1, kind="upload") is None
         with mon.step(), mon.phase("forward"):          # unknown: its time stays in `other`
-            time.sleep(0.002)
+            clock.advance(0.002)
         mon.record_step(float("nan"), {"compute": -1.0, "bogus": 2.0})
     assert "unknown phase 'forward'" in caplog.text and "checkpoint kind 'upload'" in caplog.text
     last = received()[-1]
-    assert last.steps == 2 and last.phases["other"] >= 0.002 and last.checkpoint_save_seconds == 0
+    assert last.steps == 2 and last.phases["other"] == pytest.approx(0.002) and last.checkpoint_save_seconds == 0
     assert last.phases["compute"] == 0.0
 
 

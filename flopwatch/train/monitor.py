@@ -36,7 +36,7 @@ import struct
 import time
 import weakref
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from flopwatch.train import wire
 from flopwatch.train.flops import FlopsAccount
@@ -73,10 +73,10 @@ class _Phase:
         self.started = 0.0
 
     def __enter__(self) -> None:
-        self.started = time.perf_counter()
+        self.started = self.monitor._clock()
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        elapsed = time.perf_counter() - self.started
+        elapsed = self.monitor._clock() - self.started
         monitor = self.monitor
         monitor._phase_totals[self.index] += elapsed
         monitor._step_timed += elapsed
@@ -103,10 +103,10 @@ class _Step:
 
     def __enter__(self) -> None:
         self.monitor._step_timed = 0.0
-        self.started = time.perf_counter()
+        self.started = self.monitor._clock()
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        ended = time.perf_counter()
+        ended = self.monitor._clock()
         if exc_type is not None:  # a failed step is no completed step; let the error through
             return
         monitor = self.monitor
@@ -127,10 +127,10 @@ class _CheckpointTimer:
         self.monitor, self.kind, self.started = monitor, kind, 0.0
 
     def __enter__(self) -> None:
-        self.started = time.perf_counter()
+        self.started = self.monitor._clock()
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        self.monitor.checkpoint(time.perf_counter() - self.started, self.kind)
+        self.monitor.checkpoint(self.monitor._clock() - self.started, self.kind)
 
 
 class StepMonitor:
@@ -155,8 +155,10 @@ class StepMonitor:
         pp_size: int | None = None,
         dp_size: int | None = None,
         tp_size: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         env = os.environ if environ is None else environ
+        self._clock = clock          # seconds, for the step, phase and checkpoint timers (tests pass their own)
         analytic, measured = self._set_rates(flops_per_step, tokens_per_step, hardware_flops_per_step)
         self.job_id = clean_job_id(job_id if job_id is not None else job_from_env(env))
         self.rank = env_int(rank, RANK_ENV, env, 0, 0, wire.MAX_RANK, "rank")
@@ -181,7 +183,7 @@ class StepMonitor:
         self._phases = {name: _Phase(self, i) for i, name in enumerate(wire.PHASES) if name != "other"}
         self._untimed = _Untimed()
         _MONITORS.add(self)
-        self._connect(time.perf_counter())
+        self._connect(self._clock())
 
     def _set_rates(self, flops_per_step: float | FlopsAccount, tokens_per_step: float,
                    hardware_flops_per_step: float | None) -> tuple[float, float]:
@@ -276,7 +278,7 @@ class StepMonitor:
                                 f"checkpoint seconds {seconds!r} ignored; expected a finite number >= 0")
                 return None
             self.checkpoint_seconds[wire.CHECKPOINT_KINDS.index(kind)] += seconds
-            self._send(time.perf_counter())
+            self._send(self._clock())
         except Exception as error:
             self._internal_error(error)
         return None
@@ -298,7 +300,7 @@ class StepMonitor:
                 self._phase_totals[_OTHER] += seconds - timed
             self._step_tokens = tokens
             self._step_iteration = iteration
-            self._complete_step(seconds, time.perf_counter())
+            self._complete_step(seconds, self._clock())
         except Exception as error:
             self._internal_error(error)
 
@@ -323,7 +325,7 @@ class StepMonitor:
     def flush(self) -> None:
         """Send the totals now (steps inside `min_interval` of the last send wait for the next one)."""
         try:
-            self._send(time.perf_counter())
+            self._send(self._clock())
         except Exception as error:
             self._internal_error(error)
 
