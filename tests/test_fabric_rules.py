@@ -36,7 +36,8 @@ def test_port_alerts_take_the_switch_where_known_and_fire_without_it() -> None:
 
 def test_switch_alerts_inhibit_the_port_alerts_of_their_switch_only() -> None:
     config = yaml.safe_load((ALERTS / "alertmanager.yml").read_text())
-    [rule] = [r for r in config["inhibit_rules"] if r.get("equal") == ["switch"]]
+    [rule] = [r for r in config["inhibit_rules"] if r.get("equal", [])[-1:] == ["switch"]
+              and "FlopWatchIb" in r["target_matchers"][0]]
     source = re.fullmatch(r'alertname=~"(.+)"', rule["source_matchers"][0]).group(1)
     target = re.fullmatch(r'alertname=~"(.+)"', rule["target_matchers"][0]).group(1)
     fabric = _rules("flopwatch-fabric.yml")

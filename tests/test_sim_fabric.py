@@ -67,6 +67,37 @@ def test_rate_and_flap_modes_halve_the_rate_or_flap_every_port_of_the_leaf():
     assert all(nic.link_downed >= 8 for nic in flap) and other.link_downed == 0
 
 
+def test_a_flapping_leaf_downs_every_link_as_it_starts_then_once_a_minute():
+    fleet = Fleet(scenario([{"kind": "switch_degrade", "switch": "leaf2-r0", "mode": "flap", "start": "1m"}]))
+    run(fleet, 65)      # the first tick of the fault
+    assert [fleet.nodes[n].nics[0].link_downed for n in range(4, 8)] == [1, 1, 1, 1]
+    run(fleet, 115)     # no second flap within its first minute
+    assert [fleet.nodes[n].nics[0].link_downed for n in range(4, 8)] == [1, 1, 1, 1]
+    run(fleet, 190)
+    assert [fleet.nodes[n].nics[0].link_downed for n in range(4, 8)] == [3, 3, 3, 3]
+    assert fleet.nodes[0].nics[0].link_downed == 0
+
+
+def test_a_degrading_spine_of_one_rail_slows_jobs_crossing_it_and_names_the_spine():
+    """With a spine plane per rail (spine1-r0 over leaf1-r0 and leaf2-r0), a slow spine slows every
+    job crossing it (span, on both groups), the rail-0 ports span uses wait, and neither the job
+    inside group 2 nor rail 1 sees anything."""
+    fabric = {"rail_optimised": True, "nodes_per_leaf": 4, "spines": 1, "rail_spines": True}
+    fleet = Fleet(scenario([{"kind": "spine_degrade", "switch": "spine1-r0", "start": "2m", "slowdown": 0.5}],
+                           fabric=fabric))
+    [truth] = fleet.truth.as_dict()["faults"]
+    assert (truth["switch"], truth["level"], truth["cause"], truth["leaves"], truth["jobs"]) == \
+        ("spine1-r0", "spine", "congestion", ["leaf1-r0", "leaf2-r0"], ["span"])
+    assert truth["ports"] == [[f"node{n:04d}", "mlx5_0"] for n in range(8)]
+    run(fleet, 300)
+    assert comm_floor(fleet, "span") == pytest.approx(fleet.jobs["span"].runner.comm_exposed * 1.5)
+    assert comm_floor(fleet, "inside") == pytest.approx(fleet.jobs["inside"].runner.comm_exposed)
+    # span's rail-0 ports under group 1 (2 of 5 peers beyond) and group 2 (4 of 5 beyond) wait
+    assert [fleet.nodes[n].nics[0].faults.congestion for n in (0, 4)] == pytest.approx([0.5 * 2 / 5, 0.5 * 4 / 5])
+    assert all(fleet.nodes[n].nics[1].faults.congestion == 0 for n in range(8))
+    assert all(fleet.nodes[n].nics[0].faults.congestion == 0 for n in (6, 7))
+
+
 def test_a_slow_uplink_slows_jobs_crossing_it_and_spares_jobs_inside_the_leaf():
     fleet = Fleet(scenario([{"kind": "uplink_slow", "switch": "leaf2-r0", "uplink": "spine1", "start": "2m",
                              "duration": "15m", "slowdown": 0.5}]))
@@ -120,6 +151,10 @@ def test_a_job_inside_one_leaf_group_is_untouched_by_every_uplink_of_it():
     ({"kind": "switch_degrade", "switch": "leaf9-r0", "start": "1m"}, None,
      r"faults\[0\]\.switch: 'leaf9-r0' is no leaf switch of the fabric \(leaves: leaf1-r0, leaf1-r1"),
     ({"kind": "switch_degrade", "switch": "spine1", "start": "1m"}, None, "is no leaf switch"),
+    ({"kind": "spine_degrade", "switch": "leaf1-r0", "start": "1m"}, None,
+     r"faults\[0\]\.switch: 'leaf1-r0' is no spine switch of the fabric \(spines: spine1, spine2\)"),
+    ({"kind": "spine_degrade", "switch": "spine1", "uplink": "core", "start": "1m"}, None,
+     r"faults\[0\]\.uplink: unknown field"),
     ({"kind": "switch_degrade", "switch": "leaf1-r0", "mode": "melt", "start": "1m"}, None,
      r"faults\[0\]\.mode: expected one of errors, rate, flap"),
     ({"kind": "uplink_slow", "switch": "leaf1-r0", "uplink": "spine7", "start": "1m"}, None,

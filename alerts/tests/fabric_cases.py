@@ -3,7 +3,8 @@
 Run `python alerts/tests/fabric_cases.py`, then `flopwatch rules build --out alerts`, after changing
 a case; tests/test_fabric_rules.py fails when the committed template differs from what this writes.
 A fleet of 24 nodes, one NIC each, under three leaves of 8 (leaf1: n01-n08, leaf2: n09-n16, leaf3:
-n17-n24) and one spine (or two, for the ECMP case); the per-port alerts of flopwatch-network.yml
+n17-n24) and one spine (or two: every leaf to both for the ECMP cases, leaf1 and leaf2 to spine1 and
+leaf3 to spine2 for the spine case); the per-port alerts of flopwatch-network.yml
 run beside them. Every port carries the simulator's healthy background (a symbol error every ~17
 minutes, busy ports waiting 1% of the time) unless a case says otherwise, and faults start at 20m.
 The expected texts are what the rules render; each case says in its name what it proves. Runbook
@@ -30,6 +31,9 @@ RATE = 5e10                  # 400 Gb/s in bytes per second
 BACKGROUND = {"symbol_error": 0.001, "xmit_wait": 2e5, "data": 1e10}
 RUNBOOKS = "[[ runbooks ]]"
 SYMBOLS = "[[ c.network.symbol_errors_per_hour | num ]]"
+HOLD = "[[ c.fabric.cause_hold | words ]]"
+FLAP_WINDOW = "[[ c.fabric.flap_window | words ]]"
+WAIT_MULTIPLE = "[[ c.fabric.wait_fleet_multiple | num ]]"
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Case:
     ports: dict[str, Port] = field(default_factory=dict)
     jobs: dict[str, tuple[list[str], float]] = field(default_factory=dict)  # id -> nodes, slowdown
     spines: tuple[str, ...] = ("spine1",)
+    parents: dict[str, tuple[str, ...]] = field(default_factory=dict)   # leaf -> its spines, else `spines`
     checks: list[dict] = field(default_factory=list)
 
 
@@ -82,7 +87,7 @@ def _series(case: Case) -> list[dict[str, str]]:
             {"series": f'flopwatch_nic_link_downed_total{{{at}}}', "values": _counter(0, 0, p.downs)},
         ]
     for leaf in sorted(set(LEAF.values())):
-        for spine in case.spines:
+        for spine in case.parents.get(leaf, case.spines):
             out.append({"series": f'flopwatch_fabric_switch_info{{switch="{leaf}",level="leaf",parent="{spine}"}}',
                         "values": f"1x{SAMPLES - 1}"})
     for job_id, (nodes, slowdown) in case.jobs.items():
@@ -103,7 +108,7 @@ def _expect(name: str, labels: dict[str, str], summary: str, description: str) -
 def _switch_text(leaf: str, shares: tuple[int, int, int, int], jobs: int | None) -> str:
     errors, rate, flap, wait = shares
     text = (f"{errors}% of the ports under {leaf} count symbol errors above {SYMBOLS}/hour, {rate}% run below "
-            f"their usual rate, {flap}% went down in the last 5 minutes and {wait}% wait to transmit. "
+            f"their usual rate, {flap}% went down in the last {FLAP_WINDOW} and {wait}% wait to transmit. "
             "A fault shared by this many ports at once is the switch (or its power, cooling, firmware), "
             "not the cables: every job with ranks below it communicates slower. Its ports' own alerts "
             "are held back while this fires; the fabric dashboard lists them.")
@@ -149,13 +154,15 @@ def cases() -> list[Case]:
                          "FlopWatchSwitchDegraded", {"switch": "leaf3", "level": "leaf", "cause": "flap"},
                          "leaf switch leaf3 degraded (flap): 3 of its 8 ports, on n17, n18, n19",
                          _switch_text("leaf3", (0, 0, 38, 0), None))])]),
-        Case("a leaf flapping every port (symbol errors first, flaps from the next minute) is one alert "
-             "that keeps its cause and outlasts its ports' flapping alerts, which it holds back",
+        Case("a leaf flapping every port (symbol errors first, flaps from the next minute) reads errors "
+             "until its first flap, then flap (the errors alert ends: one alert at a time), and outlasts "
+             "its ports' flapping alerts, which it holds back",
              ports={n: Port(symbol_error=(BACKGROUND["symbol_error"], 0.5), end=FAULT + 24,
                             downs=tuple(range(FAULT + 4, FAULT + 25, 4))) for n in _nodes(17, 18, 19, 20)},
-             checks=[_check("20m30s", "FlopWatchSwitchDegraded", [_flap_alert(4, 0)]),
-                     _check("25m", "FlopWatchSwitchDegraded", [_flap_alert(4, 50)]),
-                     _check("33m", "FlopWatchSwitchDegraded", [_flap_alert(0, 50)]),
+             checks=[_check("20m30s", "FlopWatchSwitchDegraded", [_flap_alert("errors", 4, (50, 0))]),
+                     _check("21m30s", "FlopWatchSwitchDegraded", [_flap_alert("flap", 4, (50, 50))]),
+                     _check("25m", "FlopWatchSwitchDegraded", [_flap_alert("flap", 4, (50, 50))]),
+                     _check("33m", "FlopWatchSwitchDegraded", [_flap_alert("flap", 0, (0, 0))]),
                      _check("33m", "FlopWatchIbLinkFlapping", [_flapping_port(n, 3) for n in (17, 18, 19, 20)])]),
         Case("congestion that slows a job inside the leaf too is the switch, not its uplinks",
              ports={n: Port(xmit_wait=waiting) for n in _nodes(1, 2, 3, 4, 5, 6, 7, 8)},
@@ -173,13 +180,36 @@ def cases() -> list[Case]:
                          "FlopWatchUplinkDegraded", {"switch": "leaf1", "level": "leaf", "uplink": "spine1"},
                          "uplink of leaf leaf1 to spine1 degraded: 1 job(s) crossing it slowed, 4 of its 8 "
                          "ports waiting", _uplink_text())]),
-                     _check("21m", "FlopWatchSwitchDegraded", [])]),
+                     _check("21m", "FlopWatchSwitchDegraded", []),
+                     _check("21m", "FlopWatchSpineDegraded", [])]),
         Case("the same on a leaf with two uplinks (ECMP): the leaf is named, the summary lists both",
              ports=uplink_ports, jobs=uplink_jobs, spines=("spine1", "spine2"),
              checks=[_check("21m", "FlopWatchUplinkDegraded", [_expect(
                  "FlopWatchUplinkDegraded", {"switch": "leaf1", "level": "leaf"},
                  "uplink of leaf leaf1 to one of spine1, spine2 degraded: 1 job(s) crossing it slowed, 4 of "
                  "its 8 ports waiting", _uplink_text())])]),
+        Case("most leaves of spine1 (leaf1 and leaf2, its only leaves) with congested uplinks at once "
+             "page once, naming spine1, and their uplink alerts are held back",
+             ports={n: Port(xmit_wait=waiting) for n in _nodes(5, 6, 7, 8, 9, 10, 11, 12)},
+             jobs={"inside": (_nodes(1, 2, 3, 4), 0.0), "across": (_nodes(5, 6, 7, 8, 9, 10, 11, 12), 0.2)},
+             spines=("spine1", "spine2"), parents={"leaf1": ("spine1",), "leaf2": ("spine1",), "leaf3": ("spine2",)},
+             checks=[_check("19m", "FlopWatchSpineDegraded", []),
+                     _check("21m", "FlopWatchSpineDegraded", [_expect(
+                         "FlopWatchSpineDegraded", {"switch": "spine1", "level": "spine", "spine": "spine1"},
+                         "spine switch spine1 degraded: uplinks of 2 of its 2 leaves congested (leaf1, leaf2)",
+                         _spine_text("spine1"))]),
+                     _check("21m", "FlopWatchUplinkDegraded", []),
+                     _check("21m", "FlopWatchSwitchDegraded", [])]),
+        Case("the same where both leaves uplink to both spines (ECMP): the spines tie, none is named, "
+             "each leaf's uplink alert lists both",
+             ports={n: Port(xmit_wait=waiting) for n in _nodes(5, 6, 7, 8, 9, 10, 11, 12)},
+             jobs={"inside": (_nodes(1, 2, 3, 4), 0.0), "across": (_nodes(5, 6, 7, 8, 9, 10, 11, 12), 0.2)},
+             spines=("spine1", "spine2"),
+             checks=[_check("21m", "FlopWatchSpineDegraded", []),
+                     _check("21m", "FlopWatchUplinkDegraded", [_expect(
+                         "FlopWatchUplinkDegraded", {"switch": leaf, "level": "leaf"},
+                         f"uplink of leaf {leaf} to one of spine1, spine2 degraded: 1 job(s) crossing it slowed, "
+                         "4 of its 8 ports waiting", _uplink_text(leaf)) for leaf in ("leaf1", "leaf2")])]),
         Case("ports of a heavy job waiting 6x the fleet's typical port all along, with a job slowing, are "
              "no congestion: each port against its own usual waits",
              ports={n: Port(xmit_wait=(1.2e6, 1.2e6)) for n in _nodes(1, 2, 3, 4, 5, 6, 7, 8)},
@@ -195,14 +225,14 @@ def cases() -> list[Case]:
     ]
 
 
-def _flap_alert(erroring: int, flapping: int) -> dict:
-    """leaf3's one switch alert: the ports it counts with errors (none, after the fault) and the
-    share of them that went down in the last 5 minutes."""
-    summary = (f"leaf switch leaf3 degraded (errors): {erroring} of its 8 ports, on n17, n18, n19, n20"
-               if erroring else "leaf switch leaf3 degraded (errors): no port shows it now (recovering; it did "
-               "in the last 10 minutes)")
-    return _expect("FlopWatchSwitchDegraded", {"switch": "leaf3", "level": "leaf", "cause": "errors"}, summary,
-                   _switch_text("leaf3", (100 * erroring // 8, 0, flapping, 0), None))
+def _flap_alert(cause: str, shown: int, shares: tuple[int, int]) -> dict:
+    """leaf3's one switch alert under `cause`: the ports its summary counts with that symptom
+    (none once recovering) and the shares of ports erroring and flapping its description gives."""
+    summary = (f"leaf switch leaf3 degraded ({cause}): {shown} of its 8 ports, on n17, n18, n19, n20"
+               if shown else f"leaf switch leaf3 degraded ({cause}): no port shows it now (recovering; it did "
+               f"in the last {HOLD})")
+    return _expect("FlopWatchSwitchDegraded", {"switch": "leaf3", "level": "leaf", "cause": cause}, summary,
+                   _switch_text("leaf3", (shares[0], 0, shares[1], 0), None))
 
 
 def _flapping_port(number: int, downs: int) -> dict:
@@ -231,11 +261,19 @@ def _cable_n10() -> dict:
                 "runbook_url": f"{RUNBOOKS}#flopwatchibsymbolerrors"}}
 
 
-def _uplink_text() -> str:
-    return ("50% of the ports under leaf leaf1 wait to transmit (over 5x the fleet's typical port), jobs whose "
-            "traffic leaves the leaf run slower than their own baseline (across +20%) and jobs inside the leaf "
-            "do not: the leaf's links to the switches above it (an optic, a cable, a congested or misrouted "
-            "spine port), not the leaf. The ports show no errors or rate drops.")
+def _spine_text(spine: str) -> str:
+    return (f"Ports under these leaves wait to transmit (over {WAIT_MULTIPLE}x the fleet's typical port) while jobs "
+            "whose traffic leaves them run slower than their own baseline and jobs inside the leaves do not, on "
+            f"most of the leaves below {spine} at once and on no other spine's as many: the spine (its ports, "
+            "optics, power or routing), not one uplink. The leaves' own uplink alerts are held back while this "
+            "fires; the fabric dashboard lists them.")
+
+
+def _uplink_text(leaf: str = "leaf1") -> str:
+    return (f"50% of the ports under leaf {leaf} wait to transmit (over {WAIT_MULTIPLE}x the fleet's typical port), "
+            "jobs whose traffic leaves the leaf run slower than their own baseline (across +20%) and jobs "
+            "inside the leaf do not: the leaf's links to the switches above it (an optic, a cable, a congested "
+            "or misrouted spine port), not the leaf. The ports show no errors or rate drops.")
 
 
 def render() -> str:

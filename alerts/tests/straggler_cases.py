@@ -274,6 +274,17 @@ CHECKS = {
               description: "Job batch reports no training steps, so FlopWatch compares SM clocks: the median clock of the job's busy GPUs is 5.26% above that of n1 GPU 0, so its kernels take that much longer. In synchronous training the whole job waits for it. Probable cause: hw_slowdown."
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
+    "nic_switch": """\
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n1, gpu: "1", rank: "5", cause: nic, switch: leaf1, spine: spine1}
+            exp_annotations:
+              summary: "Straggler in job llm: n1 GPU 1 (rank 5) 8% slower and rising, cause nic"
+              description: "Rank 5 of job llm on n1 GPU 1 takes 8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: nic - InfiniBand errors, link downs or transmit waits on the node (a port to switch leaf1: see whether the switch is degraded)."
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
     "nic_noise": """\
     alert_rule_test:
       - {eval_time: 75s, alertname: FlopWatchStraggler, exp_alerts: []}
@@ -358,6 +369,19 @@ def cases() -> list[Case]:
              per_step=(1.0, 1.0, 1.0, 1.025, 1.0, 1.0, 1.0, 1.0),
              after_all=[(f'flopwatch_nic_port_errors_total{{{target("n0")},device="mlx5_{i}",port="1",'
                          'counter="symbol_error"}', f"0x{12 + 2 * i} 1x{27 - 2 * i}") for i in range(4)]),
+        Case("a NIC-caused straggler on a node whose degraded port's leaf is known carries that switch and its "
+             "spine (a switch page holds back only the stragglers below it)", CHECKS["nic_switch"],
+             compute={5: slowed(5, 5.4)},
+             after_all=[(f'flopwatch_nic_port_errors_total{{{target("n1")},device="mlx5_0",port="1",counter="symbol_error"}}',
+                         slowed(0, 2.5)),
+                        (f'flopwatch_nic_port_errors_total{{{target("n1")},device="mlx5_1",port="1",counter="symbol_error"}}',
+                         steady(0)),
+                        ('node_port:flopwatch_fabric_link_info:max{node="n1",device="mlx5_0",port="1",switch="leaf1",'
+                         'level="leaf",rail="0"}', "1x40"),
+                        ('node_port:flopwatch_fabric_link_info:max{node="n1",device="mlx5_1",port="1",switch="leaf2",'
+                         'level="leaf",rail="1"}', "1x40"),
+                        ('switch:flopwatch_fabric_spine:info{switch="leaf1",level="leaf",parent="spine1",spine="spine1"}',
+                         "1x40")]),
     ]
 
 

@@ -68,7 +68,8 @@ RULES: tuple[str, ...] = (
     "switch:flopwatch_fabric_ports_erroring:ratio", "switch:flopwatch_fabric_ports_rate_degraded:ratio",
     "switch:flopwatch_fabric_ports_flapping:ratio", "switch:flopwatch_fabric_ports_xmit_wait:ratio",
     "switch_cause:flopwatch_fabric_shared_fault:priority", "node_port:flopwatch_nic_xmit_wait:rate1m",
-    "fleet:flopwatch_nic_xmit_wait:median1m",
+    "fleet:flopwatch_nic_xmit_wait:median1m", "switch:flopwatch_fabric_leaves:count",
+    "switch:flopwatch_fabric_leaves_uplink_congested:count",
 )
 #: The canonical records of every GPU and of the job holding it: panels and variables read these, not
 #: flopwatch_gpu_up/flopwatch_gpu_job_info, so that they work on the agent and on dcgm-exporter alike.

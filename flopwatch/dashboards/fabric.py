@@ -1,6 +1,6 @@
 """Fabric: the switches of the topology and their ports' symptoms, grouped by level, so a fault
-shared by many ports shows as one switch (the FlopWatchSwitchDegraded and FlopWatchUplinkDegraded
-pages link here), and a switch's ports, errors, waits and link states one click below.
+shared by many ports shows as one switch (the FlopWatchSwitchDegraded, FlopWatchUplinkDegraded and
+FlopWatchSpineDegraded pages link here), and a switch's ports, errors, waits and link states one click below.
 
 Reads the fabric records of alerts/flopwatch-fabric.yml; empty without topology info
 (flopwatch_fabric_link_info from agents given topology.slurm or topology.rails).
@@ -23,8 +23,8 @@ SYMPTOMS = (("erroring", "Ports erroring", "symbol errors plus link error recove
             ("flapping", "Ports flapping", "a link down in the last 5 minutes"),
             ("xmit_wait", "Ports waiting to transmit", "transmit waits above 5x the fleet's typical busy port"))
 ANY = "|".join(name for name, _, _ in SYMPTOMS)
-CAUSES = {"0": ("healthy", c.GREEN), "1": ("congestion", c.YELLOW), "2": ("flap", c.ORANGE),
-          "3": ("errors", c.RED), "4": ("rate", c.RED)}
+CAUSES = {"0": ("healthy", c.GREEN), "1": ("congestion", c.YELLOW), "2": ("errors", c.RED),
+          "3": ("flap", c.ORANGE), "4": ("rate", c.RED)}
 PORT_STATES = {"1": ("DOWN", c.RED), "2": ("INIT", c.ORANGE), "3": ("ARMED", c.YELLOW),
                "4": ("ACTIVE", c.GREEN), "5": ("ACTIVE_DEFER", c.YELLOW)}
 
@@ -83,11 +83,21 @@ def _switch_row(board: c.Board) -> None:
     board.add(c.timeseries_panel(
         "Upper switches: their leaves' ports with a symptom", "For each spine (or core) switch, the mean "
         "share of its leaves' ports with any symptom: a spine fault lifts every leaf below it.", c.PERCENT,
-        width=24, height=7).min(0)
+        width=12, height=7).min(0)
         .with_target(c.query(
             f'avg by (parent) (max by (switch) ({{__name__=~"switch:flopwatch_fabric_ports_({ANY}):ratio"}}) '
             '* on (switch) group_right () switch:flopwatch_fabric_uplink_info:max{parent!=""})',
             "{{parent}}")))
+    board.add(c.timeseries_panel(
+        "Spines: share of their leaves with congested uplinks", "For each spine, the share of the leaves "
+        "below it whose ports wait while jobs crossing them slow down (and jobs inside them do not). Most of "
+        "one spine's leaves at once, and no other spine's as many, is the spine (FlopWatchSpineDegraded).",
+        c.PERCENT, width=12, height=7, show_thresholds=True)
+        .thresholds(c.thresholds(c.GREEN, (0.5, c.RED))).min(0).max(1)
+        .links(board.runbooks("FlopWatchSpineDegraded", "FlopWatchUplinkDegraded"))
+        .with_target(c.query(
+            "(switch:flopwatch_fabric_leaves_uplink_congested:count or 0 * switch:flopwatch_fabric_leaves:count) "
+            "/ switch:flopwatch_fabric_leaves:count", "{{switch}}")))
 
 
 def _ports_row(board: c.Board) -> None:

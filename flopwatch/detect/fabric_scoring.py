@@ -1,4 +1,4 @@
-"""Scoring of fabric faults (switch_degrade, uplink_slow, cable_flap) and pages per fault: the
+"""Scoring of fabric faults (switch_degrade, uplink_slow, spine_degrade, cable_flap) and pages per fault: the
 parts of scoring.py (whose docstring gives the definitions) that know switches and Alertmanager.
 """
 
@@ -11,8 +11,8 @@ from flopwatch.detect.pages import Alert, AlertmanagerConfig, incidents
 if TYPE_CHECKING:
     from flopwatch.detect.scoring import ScenarioScore
 
-#: Faults of a switch or an uplink (named by a `switch` label), and of one cable.
-SWITCH_KINDS = {"switch_degrade", "uplink_slow"}
+#: Faults of a switch, an uplink or a spine (named by a `switch` label), and of one cable.
+SWITCH_KINDS = {"switch_degrade", "uplink_slow", "spine_degrade"}
 FABRIC_KINDS = SWITCH_KINDS | {"cable_flap"}
 #: Switch, uplink and cable faults must be named within this.
 FABRIC_LATENCY_TARGET_S = 60.0
@@ -22,7 +22,10 @@ def switch_match(fault: dict[str, Any], labels: dict[str, str]) -> tuple[bool, b
     """(consistent, names) of an episode located at a switch, for a switch or uplink fault: the
     switch must be the fault's, and an `uplink` label the fault's uplink. Without one it names an
     uplink fault by its leaf: where a leaf has several uplinks, host-side counters cannot tell
-    which one is slow (the alert lists them instead)."""
+    which one is slow (the alert lists them instead). Under a spine fault, an alert on one of its
+    leaves (their uplinks, which the spine slows) is a true symptom that names nothing."""
+    if fault["kind"] == "spine_degrade" and labels["switch"] in (fault.get("leaves") or ()):
+        return True, False
     if fault["kind"] not in SWITCH_KINDS or fault.get("switch") != labels["switch"]:
         return False, False
     if "uplink" in labels and labels["uplink"] != (fault.get("uplink") or ""):
@@ -97,4 +100,4 @@ def fabric_target(fault: dict[str, Any]) -> str:
         return f"link {fault['device']} -> {fault['switch']}"
     if fault.get("uplink"):
         return f"uplink {fault['switch']} -> {fault['uplink']}"
-    return f"switch {fault['switch']}"
+    return f"{'spine' if fault['kind'] == 'spine_degrade' else 'switch'} {fault['switch']}"

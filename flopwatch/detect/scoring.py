@@ -82,6 +82,7 @@ CAUSE_OF_ALERT = {
     "FlopWatchGpuEccUncorrected": "xid", "FlopWatchGpuRowRemapFailure": "xid",
     "FlopWatchNvlinkErrors": "nvlink", "FlopWatchPcieDegraded": "pcie", "FlopWatchIbSymbolErrors": "nic",
     "FlopWatchIbLinkDowned": "nic", "FlopWatchIbLinkFlapping": "nic", "FlopWatchUplinkDegraded": "congestion",
+    "FlopWatchSpineDegraded": "congestion",
 }
 GPU_LOST_XID = "79"
 #: FlopWatchGpuThrottled's `reason` label -> cause.

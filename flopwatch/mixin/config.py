@@ -129,6 +129,21 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    rate_ratio: float = 0.9
+    flap_window: Duration = Duration("5m")
+    wait_fleet_multiple: float = 5
+    wait_own_multiple: float = 5
+    port_share: float = 0.25
+    min_nodes: int = 3
+    job_slowdown: float = 0.05
+    cause_hold: Duration = Duration("10m")
+    cause_window: Duration = Duration("20m")
+    spine_leaf_share: float = 0.5
+    spine_min_leaves: int = 2
+
+
+@dataclass(frozen=True)
 class Gpu:
     lost_for: Duration = Duration("30s")
     nvlink_errors_per_second: float = 1
@@ -174,6 +189,7 @@ class MixinConfig:
     jobs: Jobs = field(default_factory=Jobs)
     agent: Agent = field(default_factory=Agent)
     network: Network = field(default_factory=Network)
+    fabric: Fabric = field(default_factory=Fabric)
     gpu: Gpu = field(default_factory=Gpu)
     dcgm: Dcgm = field(default_factory=Dcgm)
     stragglers: Stragglers = field(default_factory=Stragglers)

@@ -17,7 +17,7 @@ ALERTS: tuple[str, ...] = (
     "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled",
     "FlopWatchGoodputLow", "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
     "FlopWatchPipelineImbalance", "FlopWatchCheckpointIntervalOff",
-    "FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded",
+    "FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded", "FlopWatchSpineDegraded",
 )
 
 CONTRACT_RECORDS: tuple[str, ...] = (

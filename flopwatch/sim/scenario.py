@@ -61,6 +61,7 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "gc_pause": ("node", "unknown"),
     "switch_degrade": ("switch", "errors"),
     "uplink_slow": ("uplink", "congestion"),
+    "spine_degrade": ("switch", "congestion"),
     "cable_flap": ("link", "nic"),
 }
 #: What a degrading switch does to every port beneath it (`mode:` of switch_degrade).
@@ -69,7 +70,7 @@ SWITCH_MODES = ("errors", "rate", "flap")
 #: default counters (docs/dcgm-exporter.md, "The detection benchmark on dcgm-exporter").
 EXPORTERS = ("agent", "dcgm", "dcgm-default")
 #: Fault kinds that need the scenario's `fabric:`.
-FABRIC_KINDS = {"switch_degrade", "uplink_slow", "cable_flap"}
+FABRIC_KINDS = {"switch_degrade", "uplink_slow", "spine_degrade", "cable_flap"}
 #: Default fractional slowdown of the affected rank(s) per fault kind, when the file gives none.
 DEFAULT_SLOWDOWN = {
     "thermal_throttle": 0.08, "power_cap": 0.08, "hw_slowdown": 0.1, "pcie_downgrade": 0.05,
@@ -77,7 +78,7 @@ DEFAULT_SLOWDOWN = {
     "dataloader_stall": 0.1, "gc_pause": 0.05, "xid": 0.0, "gpu_lost": 0.0,
     # fabric faults: switch_degrade and uplink_slow slow a job's communication by this fraction
     # (its step by slowdown x its communication share); cable_flap as nic_link_flap
-    "switch_degrade": 0.5, "uplink_slow": 0.5, "cable_flap": 0.05,
+    "switch_degrade": 0.5, "uplink_slow": 0.5, "spine_degrade": 0.5, "cable_flap": 0.05,
 }
 
 
@@ -135,7 +136,7 @@ class FaultSpec:
     slowdown: float
     xid: int | None
     index: int  # position in the file, for truth and messages
-    switch: str | None = None   # the leaf a fabric fault hits (cable_flap: the port's leaf)
+    switch: str | None = None   # the leaf a fabric fault hits (cable_flap: the port's leaf; spine_degrade: the spine)
     uplink: str | None = None   # uplink_slow: the upper end of the slow link
     mode: str | None = None     # switch_degrade: errors, rate or flap
 
@@ -399,12 +400,12 @@ def parse_fault(data: Any, where: str, index: int, fleet: FleetSpec, duration: f
 
 
 def parse_fabric(top: Reader, fleet: FleetSpec, base: Path) -> Fabric | None:
-    """`fabric: {rail_optimised: true, nodes_per_leaf, spines}` or `{topology: FILE, rails: FILE}`
+    """`fabric: {rail_optimised: true, nodes_per_leaf, spines, rail_spines}` or `{topology: FILE, rails: FILE}`
     (paths relative to the scenario file), over the fleet's node names."""
     if not top.has("fabric"):
         return None
     r = Reader(top.raw("fabric"), "fabric")
-    r.check_keys({"rail_optimised", "nodes_per_leaf", "spines", "topology", "rails"})
+    r.check_keys({"rail_optimised", "nodes_per_leaf", "spines", "rail_spines", "topology", "rails"})
     names = [node_name(i) for i in range(fleet.nodes)]
     if r.raw("rail_optimised", False) is True:
         for key in ("topology", "rails"):
@@ -414,7 +415,7 @@ def parse_fabric(top: Reader, fleet: FleetSpec, base: Path) -> Fabric | None:
         if fleet.nics_per_node == 0:
             raise ScenarioError("fabric.rail_optimised: needs NICs, but fleet.nics_per_node is 0")
         return Fabric.rail_optimised(names, fleet.nics_per_node, r.integer("nodes_per_leaf", 1, 100_000, 16),
-                                     r.integer("spines", 1, 1024, 4))
+                                     r.integer("spines", 1, 1024, 4), rail_spines=r.raw("rail_spines", False) is True)
     if not (r.has("topology") or r.has("rails")):
         raise ScenarioError("fabric: expected `rail_optimised: true` or `topology:` and/or `rails:` files")
     from flopwatch.topology.rails import read_rails
@@ -435,13 +436,14 @@ def parse_fabric(top: Reader, fleet: FleetSpec, base: Path) -> Fabric | None:
 
 def parse_fabric_fault(r: Reader, kind: str, index: int, fleet: FleetSpec, duration: float,
                   fabric: Fabric | None) -> FaultSpec:
-    """switch_degrade {switch, mode}, uplink_slow {switch, uplink}, cable_flap {node, nic}: named
-    in the scenario's fabric."""
+    """switch_degrade {switch, mode}, uplink_slow {switch, uplink}, spine_degrade {switch} (a spine),
+    cable_flap {node, nic}: named in the scenario's fabric."""
     where = r.where
     if fabric is None:
         raise ScenarioError(f"{where}: a {kind} fault needs the scenario's `fabric:` (which switches there are)")
     allowed = {"kind", "start", "duration", "slowdown"} | (
-        {"node", "nic"} if kind == "cable_flap" else {"switch", "mode" if kind == "switch_degrade" else "uplink"})
+        {"node", "nic"} if kind == "cable_flap" else {"switch"} if kind == "spine_degrade"
+        else {"switch", "mode" if kind == "switch_degrade" else "uplink"})
     r.check_keys(allowed)
     node = nic = uplink = mode = None
     if kind == "cable_flap":
@@ -453,16 +455,17 @@ def parse_fabric_fault(r: Reader, kind: str, index: int, fleet: FleetSpec, durat
         if switch is None:
             raise ScenarioError(f"{where}: the fabric does not say which leaf {node_name(node)} NIC {nic} plugs into")
     else:
-        switch = r.text("switch")
-        leaves = sorted(s.name for s in fabric.switches.values() if s.level == "leaf")
-        if switch not in leaves:
-            shown = ", ".join(leaves[:6]) + (", ..." if len(leaves) > 6 else "")
-            raise ScenarioError(f"{where}.switch: {switch!r} is no leaf switch of the fabric (leaves: {shown})")
+        switch, level = r.text("switch"), "spine" if kind == "spine_degrade" else "leaf"
+        named = sorted(s.name for s in fabric.switches.values() if s.level == level)
+        if switch not in named:
+            shown = ", ".join(named[:6]) + (", ..." if len(named) > 6 else "")
+            raise ScenarioError(f"{where}.switch: {switch!r} is no {level} switch of the fabric "
+                                f"({'spines' if level == 'spine' else 'leaves'}: {shown or 'none'})")
         if kind == "switch_degrade":
             mode = r.text("mode", "errors")
             if mode not in SWITCH_MODES:
                 raise ScenarioError(f"{where}.mode: expected one of {', '.join(SWITCH_MODES)}, got {mode!r}")
-        else:
+        elif kind == "uplink_slow":
             uplink = r.text("uplink")
             if uplink not in fabric.uplinks(switch):
                 raise ScenarioError(f"{where}.uplink: {switch} has no uplink to {uplink!r} "

@@ -149,12 +149,15 @@ class Fabric:
         nodes_per_leaf_group: int,
         spines: int,
         devices: list[str] | None = None,
+        rail_spines: bool = False,
     ) -> Fabric:
         """A rail-optimised two-tier fabric for simulations and tests.
 
         Nodes are cut into groups of `nodes_per_leaf_group`; group g has one leaf per rail,
         `leaf<g>-r<r>` (g from 1), into which NIC r (port 1) of every node of the group plugs;
-        every leaf has an uplink to every spine `spine1..spine<spines>`."""
+        every leaf has an uplink to every spine `spine1..spine<spines>`; with `rail_spines`, each
+        rail has spines of its own (`spine<s>-r<r>`, a spine plane per rail) that only its leaves
+        uplink to."""
         devices = devices or [f"mlx5_{r}" for r in range(nics_per_node)]
         if len(devices) != nics_per_node:
             raise ValueError(f"{len(devices)} device names for {nics_per_node} NICs per node")
@@ -166,8 +169,11 @@ class Fabric:
                 leaf = f"leaf{group}-r{rail}"
                 leaf_nodes.setdefault(leaf, []).append(node)
                 links.append(Link(node, device, 1, leaf, rail))
-        spine_names = [f"spine{s}" for s in range(1, spines + 1)]
-        children = {spine: list(leaf_nodes) for spine in spine_names}
+        if rail_spines:
+            children = {f"spine{s}-r{rail}": [leaf for leaf in leaf_nodes if leaf.endswith(f"-r{rail}")]
+                        for rail in range(nics_per_node) for s in range(1, spines + 1)}
+        else:
+            children = {f"spine{s}": list(leaf_nodes) for s in range(1, spines + 1)}
         return cls.from_tree(leaf_nodes, children, links)
 
 

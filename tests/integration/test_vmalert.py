@@ -2,7 +2,7 @@
 5 s, vmalert evaluates alerts/*.yml against it (recording rules written back by remote write) and
 notifies a real Alertmanager; the injected thermal straggler fires the same FlopWatchStraggler
 alert, naming node, GPU, rank and cause, that Prometheus fires. Debian's vmalert (1.79) predates
-`keep_firing_for`: the two fabric alerts' hold is taken out for it (and only that, a test holds).
+`keep_firing_for`: the uplink and spine alerts' hold is taken out for it (and only that, a test holds).
 
 Only the GPUs are simulated (flopwatch.sim, one target per node); VictoriaMetrics, vmalert
 (Debian package `victoria-metrics`) and Alertmanager are real, all on 127.0.0.1.
@@ -42,8 +42,8 @@ def vmalert_alerts(url: str) -> list[dict]:
 
 
 #: What Debian's vmalert 1.79 refuses in the shipped rules: the fabric alerts' keep_firing_for.
-REJECTED_BY_VMALERT_1_79 = {("FlopWatchSwitchDegraded", "field keep_firing_for"),
-                            ("FlopWatchUplinkDegraded", "field keep_firing_for")}
+REJECTED_BY_VMALERT_1_79 = {("FlopWatchUplinkDegraded", "field keep_firing_for"),
+                            ("FlopWatchSpineDegraded", "field keep_firing_for")}
 
 
 def test_vmalert_rejects_only_the_fabric_alerts_hold(tmp_path: Path) -> None:
