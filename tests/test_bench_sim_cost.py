@@ -1,0 +1,35 @@
+"""bench/sim_cost.py: its figures add up, and bad input is one line with exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from bench import sim_cost
+
+
+def test_tick_cost_splits_the_simulators_cpu_into_advance_and_render() -> None:
+    figures = sim_cost.tick_cost(nodes=2, ticks=2)
+    assert figures["gpus"] == 16 and figures["ticks"] == 2
+    assert figures["sim_cores"] == pytest.approx(figures["advance_cores"] + figures["render_cores"], abs=2e-4)
+    assert figures["reference_sim_cores"] == pytest.approx(
+        figures["advance_cores"] + figures["reference_render_cores"], abs=2e-4)
+    assert figures["reference_over_sim"] == pytest.approx(
+        figures["reference_sim_cores"] / figures["sim_cores"], rel=0.05)
+    assert figures["sim_ms_per_node_tick"] == pytest.approx(1e3 * figures["sim_cores"] * 5.0 / 2, rel=0.05)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--nodes", "ten"], "--nodes: expected node counts separated by commas, got 'ten'"),
+    (["--nodes", "0"], "--nodes: give at least one fleet size of 1 node or more"),
+    (["--against", "/nonexistent"], "--against: /nonexistent holds no flopwatch/sim/serve.py"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["sim_cost", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        sim_cost.main()
+    assert stopped.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in last and "Traceback" not in last
