@@ -121,13 +121,18 @@ def tick_cost(nodes: int, ticks: int) -> dict[str, float]:
     mine = (spent["advance"] + spent["render"]) / simulated
     theirs = (spent["advance"] + spent["reference_render"]) / simulated
     return {"nodes": nodes, "gpus": nodes * fleet.scenario.fleet.gpus_per_node, "ticks": ticks,
-            "advance_cores": round(spent["advance"] / simulated, 4),
-            "render_cores": round(spent["render"] / simulated, 4),
-            "reference_render_cores": round(spent["reference_render"] / simulated, 4),
-            "sim_cores": round(mine, 4), "reference_sim_cores": round(theirs, 4),
+            "advance_cores": _figure(spent["advance"] / simulated),
+            "render_cores": _figure(spent["render"] / simulated),
+            "reference_render_cores": _figure(spent["reference_render"] / simulated),
+            "sim_cores": _figure(mine), "reference_sim_cores": _figure(theirs),
             "reference_over_sim": round(theirs / mine, 2),
-            "sim_ms_per_node_tick": round(1e3 * mine * INTERVAL_S / nodes, 3),
+            "sim_ms_per_node_tick": _figure(1e3 * mine * INTERVAL_S / nodes),
             "load_average_1m_at_start": round(load0, 2), "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
+
+
+def _figure(value: float) -> float:
+    """Four significant digits: a small fleet's cores are thousandths."""
+    return float(f"{value:.4g}")
 
 
 def serve_cost(nodes: int, seconds: float) -> dict[str, float]:
