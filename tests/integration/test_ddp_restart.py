@@ -1,4 +1,4 @@
-"""A real 2-rank PyTorch DDP job (CPU torch, gloo on loopback) that checkpoints every 20 steps, loses
+"""A real 2-rank PyTorch DDP job (CPU torch, gloo on loopback) that checkpoints every 40 steps, loses
 a rank (SIGKILL), is torn down and restarted from its last checkpoint, reported through the real
 client and PyTorch integration (its iteration is Adam's restored step count) to a real `flopwatch
 agent`, whose Slurm mapping gives it the two GPUs, and evaluated by a real Prometheus running the
@@ -38,7 +38,7 @@ RULES = [ROOT / "alerts" / name for name in ("flopwatch-gpu.yml", "flopwatch-goo
                                              "flopwatch-interruptions.yml")]
 SPEEDUP = 20
 JOB_ID = "ddp-restart"
-RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 20, 75, 140
+RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 40, 75, 180
 STALL_S = 10.0
 RATE_WINDOW_S = 300 / SPEEDUP          # the rules' 5-minute windows
 
@@ -175,14 +175,18 @@ def run(tmp_path_factory) -> Iterator[tuple[PromClient, list[dict], float, float
         yield client, steps, held_from, max(s["end"] for s in steps)
 
 
-def _one(prom: PromClient, expr: str) -> list[tuple[dict, float]]:
-    return [(s.labels, s.value) for s in prom.query(expr) if s.labels.get("job_id", JOB_ID) == JOB_ID]
+def _one(prom: PromClient, expr: str, at: float | None = None) -> list[tuple[dict, float]]:
+    return [(s.labels, s.value) for s in prom.query(expr, at) if s.labels.get("job_id", JOB_ID) == JOB_ID]
 
 
 def test_one_interruption_and_its_time_to_restart(run):
     prom, steps, started, ended = run
-    window = f"{int(ended - started) + 10}s"
-    onsets = _one(prom, f"count_over_time(job_id_cause:flopwatch_interruptions:started[{window}])")
+    # Onsets while the job trained: up to its last step plus most of the threshold (120 s / SPEEDUP),
+    # so that the processes' exit after the last step, which takes seconds on a loaded machine
+    # while the test still holds the job's GPUs, is not read as a stall of training.
+    window = f"{int(ended - started) + 5}s"
+    onsets = _one(prom, f"count_over_time(job_id_cause:flopwatch_interruptions:started[{window}])",
+                  ended + 0.8 * 120 / SPEEDUP)
     assert [(labels["cause"], value) for labels, value in onsets] == [("none", 1)]    # a software crash
     before = max(s["end"] for s in steps if s["run"] == 1)
     after = min(s["end"] for s in steps if s["run"] == 2)
@@ -224,9 +228,6 @@ def test_ettr_from_the_rules_matches_the_jobs_own_log(run):
         return busy / RATE_WINDOW_S / RANKS
 
     expected = np.array([log_ettr(t) for t in times])
-    # The target is 1 pp; the rules read 2-2.5 pp high here: job_id:flopwatch_replayed_step_time:rate1m
-    # weighs the minute's step time by the share of its evaluations that found the job replaying, and
-    # the minute the job resumes holds stalled evaluations (not replaying, no steps) beside replayed
-    # steps, so part of the replay counts as progress. Held at 3 pp until that weighting counts only
-    # evaluations that saw steps.
-    assert abs(values.mean() - expected.mean()) <= 0.03, (values.mean(), expected.mean())
+    # The issue's target: within 1 percentage point. The minute the job resumes holds stalled
+    # evaluations beside replayed steps; the rules weigh replay by the evaluations that saw steps.
+    assert abs(values.mean() - expected.mean()) <= 0.01, (values.mean(), expected.mean())
