@@ -2,6 +2,8 @@
 plans 100,000 GPUs with.
 
     .venv/bin/python -m bench.scale_prometheus --nodes 1250 --seconds 180 --json out.json
+    .venv/bin/python -m bench.scale_prometheus --nodes 125,313,625,1250 --seconds 600 --skip-tsdb \
+        --engine prometheus,victoriametrics --json sizes.json     # 1,000 to 10,000 GPUs, both engines
 
 Three parts, each measured, none estimated:
 
@@ -379,7 +381,7 @@ def ratios(measured: dict[str, object], reference: dict[str, object]) -> dict[st
 
 
 def _serve_engines(engines: list[str], args: argparse.Namespace, rules: list[Path], exporter: str,
-                   suffixed: bool) -> dict[str, object]:
+                   suffixed: bool) -> dict[str, object]:  # args.nodes: one fleet size
     """One `serve` section per engine on the same fleet, one after the other, and the second's
     ratios to the first's (VictoriaMetrics + vmalert over Prometheus)."""
     suffix = f"_{exporter}" if suffixed else ""
@@ -406,7 +408,10 @@ def _serve_engines(engines: list[str], args: argparse.Namespace, rules: list[Pat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1250)
+    parser.add_argument("--nodes", default="1250", metavar="N[,N...]",
+                        help="simulated nodes of 8 GPUs (default 1250: 10,000 GPUs), or sizes comma-separated, "
+                        "measured one after the other (125,313,625,1250: 1,000 to 10,000 GPUs); with several, every "
+                        "serve section's name ends in @<nodes>")
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--tick", type=float, default=None,
@@ -437,19 +442,36 @@ def main() -> None:
     exporters = [name.strip() for name in args.exporter.split(",") if name.strip()]
     if not exporters or any(name not in EXPORTERS for name in exporters):
         parser.error(f"--exporter: expected one or more of {', '.join(EXPORTERS)}, comma-separated")
+    try:
+        sizes = [int(size) for size in args.nodes.split(",") if size.strip()]
+    except ValueError:
+        parser.error(f"--nodes: expected node counts separated by commas, got {args.nodes!r}")
+    if not sizes or min(sizes) < 1 or len(set(sizes)) < len(sizes):
+        parser.error("--nodes: give one or more different fleet sizes of 1 node or more")
     results: dict[str, object] = {"series": series_counts(), "influx": sink_volume()}
     if not args.skip_tsdb:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)
     if not args.skip_serve:
         rules = sorted(args.rules.resolve().glob("flopwatch-*.yml"))
         try:
-            for exporter in exporters:
-                results.update(_serve_engines(engines, args, rules, exporter, exporter != exporters[0]))
+            for nodes in sizes:
+                found = _serve_size(argparse.Namespace(**{**vars(args), "nodes": nodes}), engines, exporters, rules)
+                results.update({f"{name}@{nodes}" if len(sizes) > 1 else name: figures
+                                for name, figures in found.items()})
         except MissingBinary as error:
             parser.exit(2, f"{error}\n")
-        for exporter in exporters[1:]:
-            results[f"ratio_{exporter}_to_{exporters[0]}"] = ratios(results[f"serve_{exporter}"], results["serve"])
     report(results, args.json)  # type: ignore[arg-type]
+
+
+def _serve_size(args: argparse.Namespace, engines: list[str], exporters: list[str],
+                rules: list[Path]) -> dict[str, object]:
+    """Every engine and exporter on one fleet size, and the exporters' ratios to the first's."""
+    found: dict[str, object] = {}
+    for exporter in exporters:
+        found.update(_serve_engines(engines, args, rules, exporter, exporter != exporters[0]))
+    for exporter in exporters[1:]:
+        found[f"ratio_{exporter}_to_{exporters[0]}"] = ratios(found[f"serve_{exporter}"], found["serve"])  # type: ignore[arg-type]
+    return found
 
 
 if __name__ == "__main__":

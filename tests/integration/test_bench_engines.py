@@ -118,3 +118,12 @@ def test_unknown_engine_is_one_line_and_exit_2() -> None:
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith("--engine: expected prometheus and/or victoriametrics, "
                                                          "comma-separated, each once")
+
+
+def test_bad_fleet_sizes_are_one_line_and_exit_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.scale_prometheus", "--nodes", "125,lots", "--skip-serve",
+                           "--skip-tsdb"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("--nodes: expected node counts separated by commas, "
+                                                         "got '125,lots'")
