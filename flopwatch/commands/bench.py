@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="what serves the simulated GPUs: agent (FlopWatch's, the default), dcgm (dcgm-exporter "
                      "with FlopWatch's counters file) or dcgm-default (its default counters), beside an agent for "
                      "steps, NICs and host; a comma list (agent,dcgm) runs the suite under each and compares them")
+    det.add_argument("--no-alerts", action="store_true",
+                     help="evaluate only the recording rules the scores read (goodput, badput, ETTR, MFU, "
+                     "interruptions, MTBF, checkpoint advice), no alert: for long runs scored on those "
+                     "(detection then finds nothing)")
     det.add_argument("--log-level", default="warning", help="debug, info, warning or error")
     parser.set_defaults(bench=None)
 
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             for i, exporter in enumerate(exporters):
                 reports[exporter] = detect.run_suite(
                     compare.with_exporter(scenarios, exporter), args.rules, evaluation_interval=interval,
-                    exact=args.exact, alertmanager=args.alertmanager,
+                    exact=args.exact, alertmanager=args.alertmanager, no_alerts=args.no_alerts,
                     progress=lambda fraction, name, i=i: bar.update(
                         task, completed=(i + fraction) / len(exporters), description=name))
     except (RuleFileError, detect.SuiteError) as error:

@@ -110,11 +110,18 @@ def alertmanager_config(path: str | Path | None, rules_path: str | Path) -> Aler
         raise SuiteError(str(error)) from None
 
 
+def records_only(rules: rule_files.RuleSet) -> rule_files.RuleSet:
+    """The recording rules alone: the engine then evaluates only those the scored records read
+    (their dependency closure), no alert and nothing only an alert reads."""
+    return rule_files.RuleSet(rules.recording, rules.files)
+
+
 def run_scenario(scenario: Scenario, rules_path: str | Path, evaluation_interval: float | None = None,
                  progress: Callable[[float, str], None] | None = None, exact: bool = False,
-                 alertmanager: AlertmanagerConfig | None = None) -> tuple[ScenarioScore, RunResult]:
+                 alertmanager: AlertmanagerConfig | None = None,
+                 no_alerts: bool = False) -> tuple[ScenarioScore, RunResult]:
     rules = rule_files.load(rules_path, evaluation_interval or scenario.scrape_interval)
-    result = PrometheusEngine(rules, exact=exact).run(scenario, progress)
+    result = PrometheusEngine(records_only(rules) if no_alerts else rules, exact=exact).run(scenario, progress)
     score = score_scenario(scenario, result.truth, result.episodes, result.start_unix,
                            result.observed[OBSERVED[0]], result.stats, recorded=result.observed,
                            alertmanager=alertmanager)
@@ -123,21 +130,22 @@ def run_scenario(scenario: Scenario, rules_path: str | Path, evaluation_interval
 
 def run_suite(scenarios: list[Scenario], rules_path: str | Path, *, evaluation_interval: float | None = None,
               progress: Callable[[float, str], None] | None = None, exact: bool = False,
-              alertmanager: str | Path | None = None) -> SuiteReport:
+              alertmanager: str | Path | None = None, no_alerts: bool = False) -> SuiteReport:
     """Every scenario in turn; `progress(fraction of the suite, scenario name)`. Pages are counted
-    through `alertmanager` (a path; default alertmanager.yml in the rules directory, if any)."""
+    through `alertmanager` (a path; default alertmanager.yml in the rules directory, if any).
+    `no_alerts`: evaluate only the records the scores read (detection then reads nothing found)."""
     started = time.perf_counter()
     files = [str(p) for p in rule_files.rule_files(rules_path)]
     config = alertmanager_config(alertmanager, rules_path)
     with tempfile.TemporaryDirectory(prefix="flopwatch-bench-rules-") as tmp:
         snapshot, digest = snapshot_rules(rules_path, Path(tmp))
-        scores = _run_all(scenarios, snapshot, evaluation_interval, progress, exact, config)
+        scores = _run_all(scenarios, snapshot, evaluation_interval, progress, exact, config, no_alerts)
     return SuiteReport(scores, summarize(scores), files, time.perf_counter() - started, digest)
 
 
 def _run_all(scenarios: list[Scenario], rules_path: Path, evaluation_interval: float | None,
              progress: Callable[[float, str], None] | None, exact: bool,
-             alertmanager: AlertmanagerConfig | None = None) -> list[ScenarioScore]:
+             alertmanager: AlertmanagerConfig | None = None, no_alerts: bool = False) -> list[ScenarioScore]:
     total = sum(gpu_ticks(s) for s in scenarios) or 1.0
     done = 0.0
     scores = []
@@ -152,7 +160,8 @@ def _run_all(scenarios: list[Scenario], rules_path: Path, evaluation_interval: f
                 if progress is not None:
                     progress((base + fraction * weight) / total, name)
 
-            score, _ = run_scenario(scenario, rules_path, evaluation_interval, report, exact, alertmanager)
+            score, _ = run_scenario(scenario, rules_path, evaluation_interval, report, exact, alertmanager,
+                                    no_alerts)
             scores.append(score)
             done += weight
     finally:

@@ -397,14 +397,18 @@ def job_scores(scenario: Scenario, truth: dict[str, Any], episodes: list[Episode
         out.append(JobScore(job_id, lost["culprit"], job.get("slow_stage"),
                             sorted(e.labels.get("stage", "") for e in mine if e.alertname == IMBALANCE_ALERT),
                             sum(e.alertname == STRAGGLER_ALERT for e in mine), true_figures, rule,
-                            job.get("source", "physics"), _interruptions(job_id, job, recorded, start_unix,
-                                                                        (begin, end), span)))
+                            job.get("source", "physics"), _interruptions(scenario, job_id, job, recorded,
+                                                                        start_unix, (begin, end), span)))
     return out
 
 
-def _interruptions(job_id: str, job: dict[str, Any], recorded: dict[str, Observed], start_unix: float,
-                   run: tuple[float, float], span: tuple[float, float]) -> dict[str, Any] | None:
-    score = interruptions.score_job(job_id, job, recorded, (start_unix + run[0], start_unix + run[1]), span)
+def _interruptions(scenario: Scenario, job_id: str, job: dict[str, Any], recorded: dict[str, Observed],
+                   start_unix: float, run: tuple[float, float], span: tuple[float, float]) -> dict[str, Any] | None:
+    spec = next(j for j in scenario.jobs if j.id == job_id)
+    rate = scenario.failures.per_gpu_hour * len(spec.nodes) * scenario.fleet.gpus_per_node \
+        if scenario.failures is not None else 0.0
+    score = interruptions.score_job(job_id, job, recorded, (start_unix + run[0], start_unix + run[1]), span,
+                                    rate_mtbf_s=3600.0 / rate if rate > 0 else None, save_s=spec.checkpoint_seconds)
     return None if score is None else score.as_dict()
 
 

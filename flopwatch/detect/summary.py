@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from flopwatch.detect import interruptions
 from flopwatch.detect.fabric_scoring import FABRIC_KINDS, fabric_targets, page_figures
 from flopwatch.detect.scoring import (
     IMBALANCE_ALERT,
@@ -109,6 +110,8 @@ def summarize(scores: list[ScenarioScore]) -> dict[str, Any]:
                imbalance_pages == 0 if any(s.imbalance_only for s in scores) else None),
         *_job_targets(worst, worst_trace),
         *(Target(*row) for row in fabric_targets(scores)),
+        *(Target(*row) for row in interruptions.targets(
+            [(j.interruptions, j.error_pp["ettr"]) for j in jobs if j.interruptions])),
     ]
     return {
         **page_figures(scores),
