@@ -179,6 +179,18 @@ class Stragglers:
 
 
 @dataclass(frozen=True)
+class Interruptions:
+    step_multiple: float = 5
+    minimum: Duration = Duration("2m")
+    cause_window: Duration = Duration("15m")
+    memory: Duration = Duration("6h")
+    checkpoint_off_ratio: float = 2
+    checkpoint_held: Duration = Duration("23h")
+    checkpoint_for: Duration = Duration("1h")
+    min_interruptions: int = 3
+
+
+@dataclass(frozen=True)
 class MixinConfig:
     selectors: Selectors = field(default_factory=Selectors)
     labels: Labels = field(default_factory=Labels)
@@ -193,6 +205,7 @@ class MixinConfig:
     gpu: Gpu = field(default_factory=Gpu)
     dcgm: Dcgm = field(default_factory=Dcgm)
     stragglers: Stragglers = field(default_factory=Stragglers)
+    interruptions: Interruptions = field(default_factory=Interruptions)
 
 
 def yaml_key(name: str) -> str:
