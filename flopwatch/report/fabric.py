@@ -22,7 +22,7 @@ from flopwatch.report.sections import cluster_name
 from flopwatch.report.window import Grid
 
 SHARED_FAULT = "switch_cause:flopwatch_fabric_shared_fault:priority"
-CAUSES = {4: "rate", 3: "errors", 2: "flap", 1: "congestion"}
+CAUSES = {4: "rate", 3: "flap", 2: "errors", 1: "congestion"}   # the values of SHARED_FAULT (flopwatch-fabric.yml)
 TOP = 10
 PORT = ("node", "device", "port", "switch", "level")
 QUERY_NAMES = ("fabric_links", "fabric_link_errors", "fabric_link_flaps", "fabric_switch_faults")
