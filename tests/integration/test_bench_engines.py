@@ -74,7 +74,8 @@ def test_both_engines_measured_on_the_same_fleet(tmp_path: Path) -> None:
         for name, group in engine["groups"].items():
             assert group["interval_s"] == intervals[name], (engine["engine"], name)
             assert group["iterations_run"] >= 1 and group["missed"] == 0, (engine["engine"], name, group)
-            assert 0 < group["duration_mean_s"] <= group["duration_max_s"] < 5, (engine["engine"], name, group)
+            # durations as the engines report them (how long is the machine's, not asserted)
+            assert 0 < group["duration_mean_s"] <= group["duration_max_s"], (engine["engine"], name, group)
         assert engine["missed_iterations"] == 0 and engine["rule_evaluation_failures"] == 0
         assert engine["rule_iterations_run_share"] > 0.7
         assert engine["load_average_1m_at_start"] >= 0 and engine["load_average_1m_at_end"] >= 0
