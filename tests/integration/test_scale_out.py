@@ -86,7 +86,10 @@ def test_mfu_rules_in_vmalert_over_victoria_metrics_agree_with_prometheus(tmp_pa
             # rate(...[1m]) differs between Prometheus (extrapolates, divides by the full range) and
             # MetricsQL until a minute of samples exists: compare from then on, until both agree
             time.sleep(max(0.0, first_data + 65 - time.monotonic()))
-            deadline = time.monotonic() + 40
+            # vmalert's MFU waits for its peaks group (once a minute) and each step of the chain
+            # for VictoriaMetrics to show the step before (its query latency offset): up to two
+            # minutes more before its first MFU
+            deadline = time.monotonic() + 150
             while True:
                 disagreements = compare(prom, victoria)
                 if not disagreements or time.monotonic() > deadline:
