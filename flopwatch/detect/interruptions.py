@@ -65,9 +65,7 @@ class InterruptionScore:
     @property
     def restart_error(self) -> float | None:
         """Relative error of the mean time to restart."""
-        if self.true_restart_s is None or self.rule_restart_s is None or self.true_restart_s <= 0:
-            return None
-        return abs(self.rule_restart_s - self.true_restart_s) / self.true_restart_s
+        return _relative(self.rule_restart_s, self.true_restart_s)
 
     @property
     def mtbf_error(self) -> float | None:
