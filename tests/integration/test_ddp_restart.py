@@ -5,9 +5,10 @@ agent`, whose Slurm mapping gives it the two GPUs, and evaluated by a real Prome
 shipped goodput, GPU and interruption rules.
 
 The one seam: the rules run 20x faster than shipped. Every duration in them (group intervals,
-range windows, offsets, `for:`) and the interruption threshold's 120 s floor and 15 s sample
-interval are divided by 20, so a 5-minute rate window is 15 s and a job interrupted for 10 s
-reads as one interrupted for 200: a real-time test at the shipped speed would take 10 minutes.
+range windows, offsets, `for:`), the interruption threshold's 120 s floor and the 15 s
+evaluation interval the phase rates divide by are divided by 20, so a 5-minute rate window is
+15 s and a job interrupted for 10 s reads as one interrupted for 200: a real-time test at the
+shipped speed would take 10 minutes.
 The job's own log of every step (iteration, start, end) is the reference.
 """
 
@@ -38,7 +39,7 @@ RULES = [ROOT / "alerts" / name for name in ("flopwatch-gpu.yml", "flopwatch-goo
                                              "flopwatch-interruptions.yml")]
 SPEEDUP = 20
 JOB_ID = "ddp-restart"
-RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 40, 75, 180
+RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 40, 110, 220
 STALL_S = 10.0
 RATE_WINDOW_S = 300 / SPEEDUP          # the rules' 5-minute windows
 
@@ -123,6 +124,7 @@ def scaled_rules(directory: Path) -> list[Path]:
                 expr = re.sub(r"\[[^\]]+\]", lambda m: _faster(m[0]), rule["expr"])
                 expr = re.sub(r"offset \S+", lambda m: _faster(m[0]), expr)
                 expr = expr.replace("120)", f"{120 / SPEEDUP:g})").replace("+ 120", f"+ {120 / SPEEDUP:g}")
+                expr = expr.replace("]) / 15", f"]) / {15 / SPEEDUP:g}")      # per group interval
                 rule["expr"] = expr.replace("* 15 / 3600", f"* {15 / SPEEDUP:g} / 3600")
                 if "for" in rule:
                     rule["for"] = _faster(rule["for"])
@@ -214,15 +216,20 @@ def test_exactly_the_replayed_steps_are_lost_progress(run):
     lost = prom.scalar(f'sum_over_time(job_id:flopwatch_badput:ratio{{job_id="{JOB_ID}",cause="lost_progress"}}'
                        f'[{window}]) * {step} * {RANKS}')
     true_lost = sum(s["end"] - s["start"] for s in again)
-    assert lost == pytest.approx(true_lost, rel=0.3), (lost, true_lost)
+    assert lost == pytest.approx(true_lost, rel=0.1), (lost, true_lost)
 
 
 def test_ettr_from_the_rules_matches_the_jobs_own_log(run):
     """The log's ETTR on the rules' terms: progress-making step seconds of both ranks per second,
     over the GPUs, in the same trailing window as each rule sample, averaged over the same samples."""
-    prom, steps, started, ended = run
-    result = prom.query_range(f'job_id:flopwatch_ettr:ratio{{job_id="{JOB_ID}"}}', started + RATE_WINDOW_S + 5,
-                              ended, 1)
+    prom, steps, _, ended = run
+    # From a full window into the first run to the end, both ends while the job has trained steadily
+    # for longer than the rules lag the log.
+    begin = min(s["start"] for s in steps) + RATE_WINDOW_S + 3
+    assert max(s["end"] for s in steps if s["run"] == 1) > begin + 2, "the first run ended too soon to settle"
+    resumed = min(s["end"] for s in steps if s["run"] == 2 and s["iteration"] > KILL_AT)
+    assert ended - resumed > RATE_WINDOW_S + 5, "the second run ended too soon to settle"
+    result = prom.query_range(f'job_id:flopwatch_ettr:ratio{{job_id="{JOB_ID}"}}', begin, ended, 1)
     times = np.array([float(t) for t, _ in result[0]["values"]])
     values = np.array([float(v) for _, v in result[0]["values"]])
     progress = [s for s in steps if s["run"] == 1 or s["iteration"] > KILL_AT]   # not done again
@@ -233,9 +240,7 @@ def test_ettr_from_the_rules_matches_the_jobs_own_log(run):
         return busy / RATE_WINDOW_S / RANKS
 
     expected = np.array([log_ettr(t) for t in times])
-    # The issue's target is 1 percentage point. The replay is weighed right now (the rules' replayed
-    # step seconds, job_id:flopwatch_replayed_step_time:increase15s, summed to the log's 14.44 s in
-    # two runs), yet the rules' ETTR reads 1.1-2.7 pp below the log, at load 0.3 (1.5, 2.0 pp) as at
-    # load 6-9 on the shared 2-core machine: a gap outside the replay weighting, not found yet.
-    # Held at 3 pp until it is.
-    assert abs(values.mean() - expected.mean()) <= 0.03, (values.mean(), expected.mean())
+    # Within 1 percentage point. The averaging starts and ends while the job trains steadily (ETTR
+    # near 1), so that the few seconds the rules' view lags the log (agent cycle, scrape, group
+    # offsets) cannot move the mean; the restart, the stall and the replay all lie inside it.
+    assert abs(values.mean() - expected.mean()) <= 0.01, (values.mean(), expected.mean())
