@@ -22,7 +22,6 @@ from flopwatch.report.sections import cluster_name
 from flopwatch.report.window import Grid
 
 SHARED_FAULT = "switch_cause:flopwatch_fabric_shared_fault:priority"
-CAUSES = {4: "rate", 3: "flap", 2: "errors", 1: "congestion"}   # the values of SHARED_FAULT (flopwatch-fabric.yml)
 TOP = 10
 PORT = ("node", "device", "port", "switch", "level")
 QUERY_NAMES = ("fabric_links", "fabric_link_errors", "fabric_link_flaps", "fabric_switch_faults")
@@ -83,7 +82,7 @@ def queries(promql: QueryBuilder) -> list[Query]:
         Query("fabric_link_flaps", "link downs per link", per_link(f"increase({nic.LINK_DOWNED.name}[{span}])"),
               at=at),
         Query("fabric_switch_faults", "switch faults",
-              f"max by ({promql.by('switch', 'level')}) (max_over_time({SHARED_FAULT}[{promql.bucket}]))",
+              f"max by ({promql.by('switch', 'level', 'cause')}) (max_over_time({SHARED_FAULT}[{promql.bucket}]))",
               "range"),
     ]
 
@@ -106,14 +105,18 @@ def lemons(results: Results, grid: Grid, label: str) -> FabricLemons:
         if link.flaps > 0 or link.errors > floor:
             links.append(link)
             entry.ports.add((node, device, port))
-    for (cluster, switch, level), values in results.matrix("fabric_switch_faults", grid, label, "switch",
-                                                            "level").items():
+    faults: dict[tuple[str, str, str], list[tuple[str, np.ndarray]]] = {}
+    for (cluster, switch, level, cause), values in results.matrix("fabric_switch_faults", grid, label, "switch",
+                                                                   "level", "cause").items():
+        faults.setdefault((cluster, switch, level), []).append((cause, values))
+    for (cluster, switch, level), by_cause in faults.items():
         entry = switches.setdefault((cluster, switch), LemonSwitch(cluster, switch, level))
-        stretches = runs(np.isfinite(values))
+        shown = np.logical_or.reduce([np.isfinite(values) for _, values in by_cause])
+        stretches = runs(shown)
         entry.occasions = len(stretches)
         entry.seconds = sum(count for _, _, count in stretches) * grid.step
-        if stretches:
-            entry.cause = CAUSES.get(int(np.nanmax(values)), "")
+        # the strongest cause the rules named: each cause's record carries its rank as its value
+        entry.cause = max(by_cause, key=lambda item: np.nanmax(item[1], initial=-np.inf))[0] if stretches else ""
     bad = [s for s in switches.values() if s.occasions or len({p[0] for p in s.ports}) >= 2]
     bad.sort(key=lambda s: (-s.occasions, -s.flaps, -s.errors, s.cluster, s.switch))
     links.sort(key=lambda ln: (-ln.flaps, -ln.errors, ln.cluster, ln.node, ln.device, ln.port))
