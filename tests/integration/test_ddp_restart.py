@@ -195,11 +195,12 @@ def test_one_interruption_and_its_time_to_restart(run):
     onsets = _one(prom, f"count_over_time(job_id_cause:flopwatch_interruptions:started[{window}])",
                   ended + 0.8 * 120 / SPEEDUP)
     assert [(labels["cause"], value) for labels, value in onsets] == [("none", 1)]    # a software crash
+    # From the failure (rank 1 dies just after its last step) to the job's first step again.
     before = max(s["end"] for s in steps if s["run"] == 1)
-    after = min(s["end"] for s in steps if s["run"] == 2)
+    resumed = min(s["start"] for s in steps if s["run"] == 2)
     restarts = _one(prom, f"max_over_time(job_id:flopwatch_restart:seconds[{window}])")
     assert len(restarts) == 1
-    assert restarts[0][1] == pytest.approx(after - before, abs=2.0)   # the agent reports each second
+    assert restarts[0][1] == pytest.approx(resumed - before, abs=2.0)   # the agent reports each second
 
 
 def test_exactly_the_replayed_steps_are_lost_progress(run):
