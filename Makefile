@@ -7,10 +7,11 @@ setup:
 demo: setup
 	.venv/bin/flopwatch demo
 
-# Everything, real servers included (about 20 minutes on 2 cores); the 25 slowest tests listed at the end.
+# Everything, real servers included, each module's tests on one of two workers (they mostly wait
+# on the servers' evaluation clocks); the 25 slowest tests listed at the end.
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest --durations=25
+	.venv/bin/python -m pytest -n 2 --dist loadfile --durations=25
 
 # The developer's loop: unit tests only, no servers, no slow tests (under 2 minutes on 2 cores).
 test-fast: setup
