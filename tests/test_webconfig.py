@@ -187,7 +187,8 @@ def test_bad_values_are_one_line_errors_naming_the_key(tmp_path, data, names):
         assert name in message
 
 
-@pytest.mark.parametrize("value", [PASSWORD, "$2b$10$tooshort", HASH[:-1], HASH.replace("$2b$", "$2x$"), 12345])
+@pytest.mark.parametrize("value", [PASSWORD, "$2b$10$tooshort", HASH[:-1], HASH.replace("$2b$", "$2x$"), 12345],
+                         ids=["password", "too-short", "cut-short", "unknown-prefix", "number"])   # HASH is salted anew
 def test_a_password_where_a_hash_belongs_is_refused_without_showing_it(tmp_path, value):
     with pytest.raises(WebConfigError) as caught:
         parse({"basic_auth_users": {"prom": value}}, tmp_path)
