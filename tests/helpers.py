@@ -6,9 +6,12 @@ slow server is not hammered) and fails the test naming what never happened."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -25,3 +28,16 @@ def wait_for(predicate: Callable[[], T], timeout: float = 5.0, what: str = "the 
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 0.5)
+
+
+def usage_error(main: Callable[[], object], argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str]) -> str:
+    """The last stderr line of a command-line `main()` refusing `argv`, after checking that it
+    exits with code 2 and shows no traceback."""
+    monkeypatch.setattr(sys, "argv", ["prog", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert stopped.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "Traceback" not in last
+    return last

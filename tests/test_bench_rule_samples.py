@@ -3,10 +3,10 @@ its group's interval; bad input is one line with exit code 2."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import usage_error
 
 from bench import rule_samples
 
@@ -29,9 +29,4 @@ def test_samples_are_summed_per_file_per_gpu_and_second(tmp_path: Path, monkeypa
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(sys, "argv", ["rule_samples", *argv])
-    with pytest.raises(SystemExit) as stopped:
-        rule_samples.main()
-    assert stopped.value.code == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert says in last and "Traceback" not in last
+    assert says in usage_error(rule_samples.main, argv, monkeypatch, capsys)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
+from helpers import usage_error
 
 from bench import sim_cost
 
@@ -27,9 +26,4 @@ def test_tick_cost_splits_the_simulators_cpu_into_advance_and_render() -> None:
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(sys, "argv", ["sim_cost", *argv])
-    with pytest.raises(SystemExit) as stopped:
-        sim_cost.main()
-    assert stopped.value.code == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert says in last and "Traceback" not in last
+    assert says in usage_error(sim_cost.main, argv, monkeypatch, capsys)
