@@ -75,7 +75,9 @@ def test_vmalert_fires_the_same_straggler_alert(tmp_path: Path) -> None:
             ticker.start()
             client = PromClient(victoria.url)
             deadline = time.monotonic() + WARMUP_TIMEOUT_S
-            while not client.query("job_id:flopwatch_straggler_ranks:count") and time.monotonic() < deadline:
+            # until every rank is in the peer group (not the first, partial count)
+            while [s.value for s in client.query("job_id:flopwatch_straggler_ranks:count")] != [32] \
+                    and time.monotonic() < deadline:
                 time.sleep(2)
             assert [s.value for s in client.query("job_id:flopwatch_straggler_ranks:count")] == [32]
             assert not [a for a in vmalert_alerts(vmalert.url) if a["labels"].get("severity") == "page"]
