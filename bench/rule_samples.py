@@ -33,10 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def rule_files(folder: Path) -> list[Path]:
-    files = sorted(folder.glob("flopwatch-*.yml"))
-    if not files:
-        raise SystemExit(f"no rule files (flopwatch-*.yml) in {folder}")
-    return files
+    """The FlopWatch rule files of `folder` (none: not a rules folder)."""
+    return sorted(folder.glob("flopwatch-*.yml"))
 
 
 def samples_read(url: str, expr: str, at: float) -> int:
@@ -52,6 +50,7 @@ def per_file(url: str, files: list[Path], gpus: int, at: float) -> dict[str, flo
     out: dict[str, float] = defaultdict(float)
     for path in files:
         for group in yaml.safe_load(path.read_text())["groups"]:
+            # without its own interval a group runs at the fleet Prometheus's 15 s evaluation interval
             interval = parse_duration(group.get("interval", "15s"), f"{path.name}: {group['name']} interval")
             for rule in group["rules"]:
                 out[path.name] += samples_read(url, rule["expr"], at) / interval / gpus
@@ -70,7 +69,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     for folder in [args.rules, *args.compare]:
-        if not sorted(folder.glob("flopwatch-*.yml")):
+        if not rule_files(folder):
             parser.error(f"no rule files (flopwatch-*.yml) in {folder}: give a folder like alerts/")
     if args.nodes < 1 or args.history < 0:
         parser.error("--nodes must be at least 1 and --history at least 0")
