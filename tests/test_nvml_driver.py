@@ -286,6 +286,31 @@ def test_driver_restart_reinitialises_nvml_once_and_leaks_no_gpm_samples(rig, st
     assert wait_for(lambda: r.backend.xid_counts().get((1, 31)) == 1)
 
 
+def test_a_gpu_reopened_while_another_reinitialised_nvml_leaks_no_gpm_samples(rig, state, driver, monkeypatch):
+    """Two GPUs recover at once: GPU 1 re-initialises NVML (and reopens GPU 0) between GPU 0 noting
+    its old state and opening it again. One of the two fresh GPU 0 states must be freed."""
+    r = rig()
+    r.collect()
+    live = driver.live("samples")
+    state.restart_driver()
+    r.collect()
+    backend = r.backend
+    backend_open = backend._open
+    interleaved = []
+
+    def open_after_the_other_gpus_reinit(index: int, uuid: str):
+        if index == 0 and not interleaved:
+            interleaved.append(index)
+            backend.recover(1)       # the other GPU's recovery re-initialises NVML here
+        return backend_open(index, uuid)
+
+    monkeypatch.setattr(backend, "_open", open_after_the_other_gpus_reinit)
+    backend.recover(0)
+    assert interleaved == [0]
+    assert driver.live("samples") == live
+    assert backend.devices[0].gpm_samples is not None   # the state kept is the one whose samples live
+
+
 def test_xids_are_counted_per_gpu_and_code_and_not_for_unregistered_gpus(rig, state):
     state.fail(1, "nvmlDeviceRegisterEvents", 3)
     r = rig()

@@ -181,13 +181,18 @@ class NvmlBackend(GpuBackend):
                 log.info("GPU %d: back after NVML re-initialisation", index)
                 return
             device = self._open(index, old.uuid)
-        self._free_gpm(old)
-        self.devices[index] = device
-        if self.xids is not None:
-            if self.xids.running:
-                self.xids.register(index, device.handle)
-            else:  # no GPU could take events before (e.g. the only one was lost at start)
-                self.xids.start({d.index: d.handle for d in self.devices if d.handle is not None})
+        with self._reinit_lock:
+            if self.devices[index] is not old:  # another GPU's re-initialisation reopened it meanwhile
+                self._free_gpm(device)
+                log.info("GPU %d: back after NVML re-initialisation", index)
+                return
+            self._free_gpm(old)
+            self.devices[index] = device
+            if self.xids is not None:
+                if self.xids.running:
+                    self.xids.register(index, device.handle)
+                else:  # no GPU could take events before (e.g. the only one was lost at start)
+                    self.xids.start({d.index: d.handle for d in self.devices if d.handle is not None})
         log.info("GPU %d: NVML handle re-acquired", index)
 
     def _reinit(self, seen_generation: int) -> None:
