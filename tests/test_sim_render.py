@@ -54,3 +54,25 @@ def test_fast_node_agents_serve_what_the_plain_collector_serves(per_link: bool) 
     assert 'flopwatch_gpu_read_errors_total{node="node0001",gpu="6",error="gpu_lost"}' in lost
     assert 'flopwatch_gpu_up{node="node0001",gpu="6"} 1.0' in lost
     assert fast_ticks > 0 if not per_link else fast_ticks == 0
+
+
+def test_each_ranks_arrival_counter_is_its_data_compute_and_other_phases() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fleet = faulty_fleet()
+    agent = SimNodeAgent(fleet, fleet.nodes[0], False)
+    while fleet.t < 90:     # past the thermal straggler's start, so ranks differ
+        fleet.advance(5.0)
+    phases: dict[tuple[str, str], dict[str, float]] = {}
+    arrival: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(agent.render().decode()):
+        for sample in family.samples:
+            key = (sample.labels.get("job_id", ""), sample.labels.get("rank", ""))
+            if sample.name == "flopwatch_train_phase_seconds_total":
+                phases.setdefault(key, {})[sample.labels["phase"]] = sample.value
+            elif sample.name == "flopwatch_train_arrival_seconds_total":
+                arrival[key] = sample.value
+    assert len(arrival) == 8 and arrival.keys() == phases.keys()
+    for key, value in arrival.items():
+        assert value == pytest.approx(phases[key]["data"] + phases[key]["compute"] + phases[key]["other"])
+        assert value < sum(phases[key].values())      # comm and optimizer are left out

@@ -85,6 +85,8 @@ def test_totals_per_rank_and_histogram_per_job():
     assert reg.get("flopwatch_train_model_flops_total", **rank1) == 3e12
     assert reg.get("flopwatch_train_hardware_flops_total", **rank1) == pytest.approx(3.9e12)
     assert reg.get("flopwatch_train_phase_seconds_total", phase="compute", **rank1) == pytest.approx(1.8)
+    # arrival = data + compute + other (0.1 + 0.6 + 0.05 per step), never comm or optimizer
+    assert reg.get("flopwatch_train_arrival_seconds_total", **rank1) == pytest.approx(3 * 0.75)
     assert reg.get("flopwatch_train_checkpoint_seconds_total", kind="save", **rank1) == 0
     assert reg.get("flopwatch_train_last_step_timestamp_seconds", **rank1) == 1003.0
     assert reg.get("flopwatch_train_client_dropped_events_total", job_id="job-a", rank="1") == 0

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from flopwatch.train.wire import ARRIVAL_PHASES
+
 INTERVAL_S = 5
 SAMPLES = 240          # 20 minutes
 OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "pipeline.yml"
@@ -56,6 +58,8 @@ class Job:
             for phase, seconds in phases.items():
                 name = f'flopwatch_train_phase_seconds_total{{{labels},phase="{phase}"}}'
                 out.append(_counter(name, seconds * steps_per_sample))
+            arrival = sum(phases[phase] for phase in ARRIVAL_PHASES)   # the agent's sum of them
+            out.append(_counter(f"flopwatch_train_arrival_seconds_total{{{labels}}}", arrival * steps_per_sample))
             if self.comm_floor is not None:
                 out.append({"series": f"flopwatch_train_comm_min_seconds{{{labels}}}",
                             "values": f"{self.comm_floor:g}x{SAMPLES}"})

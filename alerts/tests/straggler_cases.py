@@ -13,6 +13,7 @@ checks (`checks`) is written as promtool reads it, with the mixin's placeholders
 # ruff: noqa: E501 - CHECKS and JITTER are data: promtool's expected texts and samples, one line each
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,30 @@ def steady(per_sample: float, samples: int = SAMPLES) -> str:
 def slowed(before: float, after: float, at: int = FAULT) -> str:
     """A counter growing `before` per sample, then `after` from sample `at` + 1 on."""
     return f"0+{num(before)}x{at} {num(at * before + after)}+{num(after)}x{SAMPLES - at - 1}"
+
+
+NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?"
+EXPANDING = re.compile(rf"(?P<first>{NUMBER})(?:(?P<sign>[-+])(?P<step>{NUMBER}))?x(?P<count>\d+)")
+
+
+def expand(values: str) -> list[float | None]:
+    """promtool's expanding notation as samples: 'a+bxn' is n + 1 of them, '_xn' n missing ones."""
+    out: list[float | None] = []
+    for token in values.split():
+        if token == "_" or token.startswith("_x"):
+            out += [None] * (int(token[2:]) if token != "_" else 1)
+        elif match := EXPANDING.fullmatch(token):
+            first, step = float(match["first"]), float(match["step"] or 0) * (-1 if match["sign"] == "-" else 1)
+            out += [first + i * step for i in range(int(match["count"]) + 1)]
+        else:
+            out.append(float(token))
+    return out
+
+
+def added(*notations: str) -> str:
+    """The sum of counters given in expanding notation, sample by sample (missing where any is)."""
+    columns = zip(*(expand(n) for n in notations), strict=True)
+    return " ".join("_" if None in column else num(sum(column)) for column in columns)
 
 
 def node_of(rank: int) -> str:
@@ -88,8 +113,11 @@ class Case:
                 per_step = self.per_step[rank % len(self.per_step)]
                 out.append((f"flopwatch_train_steps_total{{{labels}}}",
                             self.steps.get(rank, steady(self.steps_per_sample))))
-                out.append((f'flopwatch_train_phase_seconds_total{{{labels},phase="compute"}}',
-                            self.compute.get(rank, steady(self.steps_per_sample * per_step))))
+                compute = self.compute.get(rank, steady(self.steps_per_sample * per_step))
+                out.append((f'flopwatch_train_phase_seconds_total{{{labels},phase="compute"}}', compute))
+                # what the agent exports beside the phases: data + compute + other (none here)
+                arrival = added(compute, self.data[rank]) if rank in self.data else compute
+                out.append((f"flopwatch_train_arrival_seconds_total{{{labels}}}", arrival))
         if self.gpus:
             for rank in range(self.ranks):
                 node, gpu = node_of(rank), rank % 4

@@ -42,6 +42,12 @@ PHASE_SECONDS = Metric(
     "gradient collective), comm (waiting in the collective), optimizer, other (the untimed rest). "
     "The phases of a step add up to its step time.", (*RANK, "phase"),
 )
+ARRIVAL_SECONDS = Metric(
+    "flopwatch_train_arrival_seconds_total", "counter", "seconds",
+    "Wall time of this rank's steps before it reaches the gradient collective: its data, compute "
+    "and other phase seconds summed. Straggler rules compare it across peers every few seconds, and "
+    "one series per rank costs them a third of reading the three phases.", RANK,
+)
 CHECKPOINT_SECONDS = Metric(
     "flopwatch_train_checkpoint_seconds_total", "counter", "seconds",
     "Time this rank spent saving or restoring checkpoints, by kind (save, restore).", (*RANK, "kind"),

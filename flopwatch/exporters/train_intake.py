@@ -362,6 +362,7 @@ class TrainIntake:
         phase, checkpoint, last, dropped = (m.PHASE_SECONDS.family(), m.CHECKPOINT_SECONDS.family(),
                                             m.LAST_STEP.family(), m.CLIENT_DROPPED.family())
         per_step, comm_min, iteration = m.FLOPS_PER_STEP.family(), m.COMM_MIN.family(), m.ITERATION.family()
+        arrival = m.ARRIVAL_SECONDS.family()
         for job, rank, gpu, stage, dp_rank, totals, analytic, measured, last_step, floor, step in snap.ranks:
             labels = [node, job, rank, gpu, stage, dp_rank]
             steps.add_metric(labels, totals[T_STEPS])
@@ -370,6 +371,7 @@ class TrainIntake:
             hardware.add_metric(labels, totals[T_HARDWARE])
             for i, name in enumerate(wire.PHASES):
                 phase.add_metric([*labels, name], totals[T_PHASES + i])
+            arrival.add_metric(labels, sum(totals[T_PHASES + i] for i in wire.ARRIVAL_INDEX))
             checkpoint.add_metric([*labels, "save"], totals[T_SAVE])
             checkpoint.add_metric([*labels, "restore"], totals[T_RESTORE])
             if last_step:
@@ -395,9 +397,8 @@ class TrainIntake:
         rejected = m.EVENTS_REJECTED.family()
         for reason, count in snap.rejected:
             rejected.add_metric([node, reason], count)
-        for family in (steps, tokens, model, hardware, phase, checkpoint, last, comm_min, iteration, histogram,
-                       per_step,
-                       dropped, accepted, rejected):
+        for family in (steps, tokens, model, hardware, phase, arrival, checkpoint, last, comm_min, iteration,
+                       histogram, per_step, dropped, accepted, rejected):
             if family.samples:
                 yield family
 

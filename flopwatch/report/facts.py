@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flopwatch.report.window import Grid, Window
+from flopwatch.train.wire import ARRIVAL_PHASES
 
 BADPUT_CAUSES = ("data", "checkpoint", "straggler", "restart", "lost_progress")
 JOULES_PER_KWH = 3.6e6
@@ -105,7 +106,7 @@ class JobFacts:
     def arrival_share(self) -> float:
         """Share of step time spent before the collective (data + compute + other)."""
         total = sum(self.phases.values())
-        arrival = sum(self.phases.get(p, 0.0) for p in ("data", "compute", "other"))
+        arrival = sum(self.phases.get(p, 0.0) for p in ARRIVAL_PHASES)
         return arrival / total if total else 1.0
 
     def badput(self) -> dict[str, float] | None:

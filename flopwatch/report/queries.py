@@ -22,6 +22,7 @@ from typing import Literal
 from flopwatch.catalog import gpu, host, job, nic, train
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Grid, Window
+from flopwatch.train import wire
 
 ALERTS_STRAGGLER = 'ALERTS{alertname="FlopWatchStraggler", alertstate="firing"}'
 ALERTS_PIPELINE = 'ALERTS{alertname="FlopWatchPipelineImbalance", alertstate="firing"}'
@@ -33,7 +34,7 @@ STAGE_IMBALANCE = "job_id_stage:flopwatch_stage_imbalance:ratio"
 #: The rules' share of a job's allocated time spent redoing steps after a restart (the counters
 #: cannot tell a replayed step from a new one; the rules compare the iteration with its high mark).
 LOST_PROGRESS = 'job_id:flopwatch_badput:ratio{cause="lost_progress"}'
-ARRIVAL_PHASES = "data|compute|other"
+ARRIVAL_PHASES = "|".join(wire.ARRIVAL_PHASES)
 IB_ERROR_COUNTERS = "symbol_error|link_error_recovery|port_rcv_errors"
 #: IBTA tolerates 120 symbol errors an hour on a link; NVLink errors alert above 1/s (rules).
 IB_ERRORS_PER_HOUR = 120

@@ -45,8 +45,8 @@ import numpy as np
 
 from flopwatch.hardware import GpuModel
 from flopwatch.sim.scenario import FleetSpec, JobSpec, PipelineSpec
+from flopwatch.train.wire import PHASES
 
-PHASES = ("data", "compute", "comm", "optimizer", "other")
 NIC_BYTES_PER_S = 50e9          # 400 Gb/s per rail (NDR InfiniBand / 400G RoCE)
 GRAD_BYTES_PER_PARAM = 2        # bf16 gradients
 COMM_OVERLAP = 0.9              # share of the all-reduce hidden behind backward compute

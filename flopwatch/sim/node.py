@@ -32,6 +32,7 @@ from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, 
 from flopwatch.sim.gpu_collector import SimGpuCollector
 from flopwatch.sim.jobs import PHASES
 from flopwatch.sim.nic import PHYS_LINK_UP, PORT_ACTIVE, SimulatedNic
+from flopwatch.train.wire import ARRIVAL_INDEX
 
 PORT_STATE_WORDS = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_STATE_WORDS = {2: "Polling", 3: "Disabled", 5: "LinkUp", 6: "LinkErrorRecovery"}
@@ -132,6 +133,7 @@ class SimTrainCollector(_NodeCollector):
             m.STEPS: c.steps[ranks].tolist(), m.TOKENS: c.tokens[ranks].tolist(),
             m.MODEL_FLOPS: c.model_flops[ranks].tolist(), m.HARDWARE_FLOPS: c.hardware_flops[ranks].tolist(),
             m.PHASE_SECONDS: c.phase_seconds[:, ranks].T.ravel().tolist(),
+            m.ARRIVAL_SECONDS: c.phase_seconds[ARRIVAL_INDEX, :][:, ranks].sum(axis=0).tolist(),
             m.CHECKPOINT_SECONDS: saved[keep].tolist(), m.LAST_STEP: c.last_step_time[ranks].tolist(),
             m.COMM_MIN: c.comm_min[ranks].tolist() if c.comm_min_ready else [],
             m.ITERATION: [float(c.iteration)] * local,
@@ -152,8 +154,8 @@ class SimTrainCollector(_NodeCollector):
     @staticmethod
     def _job_series(labels: list[tuple[str, ...]], comm_min: bool, saved: list[bool]) -> dict[Metric, list]:
         m = train_metrics
-        per_rank = {metric: labels for metric in (m.STEPS, m.TOKENS, m.MODEL_FLOPS, m.HARDWARE_FLOPS, m.LAST_STEP,
-                                                  m.ITERATION)}
+        per_rank = {metric: labels for metric in (m.STEPS, m.TOKENS, m.MODEL_FLOPS, m.HARDWARE_FLOPS, m.ARRIVAL_SECONDS,
+                                                  m.LAST_STEP, m.ITERATION)}
         return {**per_rank, m.PHASE_SECONDS: [(*key, phase) for key in labels for phase in PHASES],
                 m.CHECKPOINT_SECONDS: [(*key, "save") for key, kept in zip(labels, saved, strict=True) if kept],
                 m.COMM_MIN: labels if comm_min else [],

@@ -61,6 +61,11 @@ KNOWN_FLAGS = FLAG_ITERATION
 
 PHASES: tuple[str, ...] = ("data", "compute", "comm", "optimizer", "other")
 PHASE_INDEX: dict[str, int] = {name: i for i, name in enumerate(PHASES)}
+#: The phases of a step before the rank reaches its gradient collective: a rank's arrival time,
+#: what straggler detection compares across peers (comm is waiting for the others; the optimizer
+#: step comes after the collective).
+ARRIVAL_PHASES: tuple[str, ...] = ("data", "compute", "other")
+ARRIVAL_INDEX: tuple[int, ...] = tuple(PHASE_INDEX[name] for name in ARRIVAL_PHASES)
 ALL_PHASES_MASK = (1 << len(PHASES)) - 1
 CHECKPOINT_KINDS: tuple[str, ...] = ("save", "restore")
 
