@@ -311,6 +311,18 @@ def test_a_gpu_reopened_while_another_reinitialised_nvml_leaks_no_gpm_samples(ri
     assert backend.devices[0].gpm_samples is not None   # the state kept is the one whose samples live
 
 
+def test_the_clock_event_mask_carries_nvmls_bits_of_the_catalogue_reasons(rig, state, driver):
+    nvml = driver.pynvml
+    thermal = nvml.nvmlClocksEventReasonSwThermalSlowdown | nvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    state.set(0, clock_reasons=thermal | nvml.nvmlClocksEventReasonApplicationsClocksSetting)
+    r = rig()
+    r.collect()
+    assert r.value("flopwatch_gpu_clock_event_reasons", gpu="0") == thermal   # the setting is no catalogue reason
+    assert r.value("flopwatch_gpu_clock_event_active", gpu="0", reason="sw_thermal") == 1
+    assert r.value("flopwatch_gpu_clock_event_active", gpu="0", reason="hw_power_brake") == 1
+    assert r.value("flopwatch_gpu_clock_event_reasons", gpu="1") == 0
+
+
 def test_xids_are_counted_per_gpu_and_code_and_not_for_unregistered_gpus(rig, state):
     state.fail(1, "nvmlDeviceRegisterEvents", 3)
     r = rig()

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS
+
 OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "stragglers.yml"
 SAMPLES = 40
 FAULT = 12
@@ -32,6 +34,7 @@ HEADER = """\
 rule_files:
   - ../flopwatch-stragglers.yml
   - ../flopwatch-gpu.yml
+  - ../flopwatch-network.yml
 evaluation_interval: 5s
 tests:"""
 
@@ -138,8 +141,12 @@ class Case:
         return "\n".join(lines) + "\n" + self.checks
 
 
-def event(node: str, gpu: int, reason: str, values: str) -> tuple[str, str]:
-    return gpu_series("gpu_clock_event_active", node, gpu, f',reason="{reason}"'), values
+def event(node: str, gpu: int, reason: str, values: str) -> list[tuple[str, str]]:
+    """One clock-event reason of a GPU (0/1 samples) as the agent exports it: its gauge and the
+    GPU's bitmask (that reason's NVML bit while active)."""
+    mask = " ".join("_" if v is None else num(v * CLOCK_EVENT_BITS[reason]) for v in expand(values))
+    return [(gpu_series("gpu_clock_event_active", node, gpu, f',reason="{reason}"'), values),
+            (gpu_series("gpu_clock_event_reasons", node, gpu), mask)]
 
 CHECKS = {
     "thermal": """\
@@ -355,11 +362,11 @@ def cases() -> list[Case]:
         Case("thermal straggler is named at once with cause thermal", CHECKS["thermal"],
              compute={5: slowed(5, 5.4)},
              gpu_values={("n1", 1, "gpu_sm_clock_hertz"): "1980e6x11 1833e6x28"},
-             after_gpu={("n1", 1): [event("n1", 1, "sw_thermal", "0x11 1x28")]}),
+             after_gpu={("n1", 1): event("n1", 1, "sw_thermal", "0x11 1x28")}),
         Case("power-capped GPU slows its rank, cause power", CHECKS["power"],
              compute={2: slowed(4.95, 5.25)},
              gpu_values={("n0", 2, "gpu_sm_clock_hertz"): "1980e6x11 1861e6x28"},
-             after_gpu={("n0", 2): [event("n0", 2, "sw_power_cap", "0x11 1x28")]}),
+             after_gpu={("n0", 2): event("n0", 2, "sw_power_cap", "0x11 1x28")}),
         Case("PCIe link at x4 slows its rank, cause pcie", CHECKS["pcie"],
              compute={7: slowed(5, 5.25)},
              after_all=[(gpu_series("gpu_pcie_link_width", "n1", 3), "16x11 4x28"),
@@ -378,11 +385,11 @@ def cases() -> list[Case]:
         Case("must not fire on healthy jitter (3% per step) and sequence-length imbalance that moves between ranks; "
              "rank 0's GPU reports sw_power_cap at full clock (common and harmless)", CHECKS["jitter"],
              steps_per_sample=1, compute=JITTER,
-             after_gpu={("n0", 0): [event("n0", 0, "sw_power_cap", "1x40")]}),
+             after_gpu={("n0", 0): event("n0", 0, "sw_power_cap", "1x40")}),
         Case("must not fire with fewer than 8 ranks, even with a throttled slow rank", CHECKS["few_ranks"], ranks=4,
              job_id="small", per_step=(1.0, 1.12, 1.0, 1.0),
              gpu_values={("n0", 1, "gpu_sm_clock_hertz"): "1760e6x40"},
-             after_gpu={("n0", 1): [event("n0", 1, "sw_thermal", "1x40")]}),
+             after_gpu={("n0", 1): event("n0", 1, "sw_thermal", "1x40")}),
         Case("must not fire when a job ends (ranks stop a step apart, GPUs idle one by one, series go)",
              CHECKS["job_ends"], steps={**{r: "0+5x20 _x19" for r in range(8)}, 3: "0+5x19 99 _x20"},
              compute={**ended, 3: "0+5x19 99 _x20"}, gpu_values=job_end_gpus()),
@@ -391,7 +398,7 @@ def cases() -> list[Case]:
         Case("uninstrumented job - a GPU clocking 5% below its peers with hw_slowdown", CHECKS["uninstrumented"],
              job_id="batch", train=False,
              gpu_values={("n1", 0, "gpu_sm_clock_hertz"): "1980e6x5 1881e6x34"},
-             after_gpu={("n1", 0): [event("n1", 0, "hw_slowdown", "0x5 1x34")]}),
+             after_gpu={("n1", 0): event("n1", 0, "hw_slowdown", "0x5 1x34")}),
         Case("must not fire on a rank 2.5% slow by noise when its node's NICs see the odd healthy symbol error "
              "(one per port, four ports in a minute)", CHECKS["nic_noise"], gpus=False,
              per_step=(1.0, 1.0, 1.0, 1.025, 1.0, 1.0, 1.0, 1.0),

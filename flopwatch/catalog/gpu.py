@@ -73,6 +73,13 @@ CLOCK_EVENT_ACTIVE = Metric(
     "sw_power_cap, hw_slowdown, sync_boost, sw_thermal, hw_thermal, hw_power_brake.",
     ("gpu", "reason"),
 )
+CLOCK_EVENT_REASONS = Metric(
+    "flopwatch_gpu_clock_event_reasons", "gauge", "",
+    "The clock-event reasons above as one bitmask, in NVML's bits (1 idle, 4 sw_power_cap, "
+    "8 hw_slowdown, 16 sync_boost, 32 sw_thermal, 64 hw_thermal, 128 hw_power_brake), as "
+    "dcgm-exporter's DCGM_FI_DEV_CLOCKS_EVENT_REASONS carries them: one series per GPU, which the "
+    "straggler evidence reads every few seconds instead of one per reason.", ("gpu",),
+)
 CLOCK_EVENT_VIOLATION = Metric(
     "flopwatch_gpu_clock_event_violation_seconds_total", "counter", "seconds",
     "Time the clock was held below the requested clock by this policy (NVML violation status).",

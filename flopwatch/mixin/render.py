@@ -20,6 +20,7 @@ from pathlib import Path
 import jinja2
 
 from flopwatch import xid
+from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS
 from flopwatch.mixin.config import MixinConfig, Selector, duration_seconds
 
 #: Raw-series name patterns per selector (MixinConfig.selectors field).
@@ -135,7 +136,7 @@ def environment(templates: Path, config: MixinConfig) -> jinja2.Environment:
     env.globals.update(
         input_label=lambda kind, label, default: input_label(getattr(config.selectors, kind), label, default),
         c=config, sev=config.severities, runbooks=config.urls.runbooks,
-        xid_actions=xid.action_template, xid_page_regex=xid.page_regex,
+        xid_actions=xid.action_template, xid_page_regex=xid.page_regex, clock_event_bits=CLOCK_EVENT_BITS,
     )
     return env
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from flopwatch import xid as xid_catalogue
+from flopwatch.exporters.gpu.reading import clock_event_mask
 from flopwatch.exporters.gpu.simulated import MHZ, SIM_DRIVER_VERSION, SimulatedGpu
 from flopwatch.sim.fleet import Fleet, SimNode
 
@@ -31,10 +32,6 @@ SCRAPE_JOB = "dcgm-exporter"
 HOST_LABEL = "Hostname"           # dcgm-exporter up to 4.5.3-4.8.2
 NVLINK_UNIT_BYTES = 1024 * 1000   # one unit of DCGM's NVLink throughput field, bytes/s
 MIB = 1 << 20
-#: DCGM clock-event bits (dcgm-exporter internal/pkg/collector/clock_events_collector.go) under the
-#: agent's reason names.
-CLOCK_EVENT_BITS = (("idle", 1), ("sw_power_cap", 4), ("hw_slowdown", 8), ("sync_boost", 16),
-                    ("sw_thermal", 32), ("hw_thermal", 64), ("hw_power_brake", 128))
 #: (field, Prometheus type, help, value kind): the rows of dcgm-exporter's etc/default-counters.csv
 #: the rules read, then FlopWatch's counters-file rows (opt-in). int64 fields print %d, doubles %f.
 DEFAULT_FIELDS = (
@@ -146,7 +143,7 @@ class DcgmNodeExporter:
             "DCGM_FI_DEV_FB_USED": int(gpu.model.memory_bytes * gpu.workload.memory_fraction / MIB),
             "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": int(self._rates[position] / NVLINK_UNIT_BYTES),
             "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": min(gpu.workload.tensor, busy),
-            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": sum(bit for reason, bit in CLOCK_EVENT_BITS if events.get(reason)),
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": clock_event_mask(events),
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": int(c.ecc_uncorrected),
             "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": int(sum(c.nvlink_crc)),
             "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": 0,

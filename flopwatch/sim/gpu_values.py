@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from flopwatch.catalog import Metric
 from flopwatch.catalog import gpu as g
-from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS
+from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS, clock_event_mask
 from flopwatch.exporters.gpu.simulated import MHZ, SIM_DRIVER_VERSION, SimulatedGpu
 
 
@@ -53,6 +53,7 @@ GPU_SCALARS: dict[Metric, GpuValue] = {
     g.SM_OCCUPANCY: lambda gpu: busy(gpu) * 0.45,
     g.TENSOR_ACTIVE: lambda gpu: min(gpu.workload.tensor, busy(gpu)),
     g.DRAM_ACTIVE: lambda gpu: busy(gpu) * 0.35,
+    g.CLOCK_EVENT_REASONS: lambda gpu: clock_event_mask(gpu.clock_events()),
     g.PROCESSES: lambda gpu: 0.0,
 }
 REASONS = tuple(sorted(CLOCK_EVENT_REASONS))

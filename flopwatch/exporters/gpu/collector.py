@@ -71,6 +71,7 @@ SCALAR_READINGS: tuple[tuple[m.Metric, str], ...] = (
     (m.ECC_UNCORRECTED, "ecc_uncorrected"), (m.ROW_REMAP_PENDING, "row_remap_pending"),
     (m.ROW_REMAP_FAILED, "row_remap_failed"), (m.SM_ACTIVE, "sm_active"), (m.SM_OCCUPANCY, "sm_occupancy"),
     (m.TENSOR_ACTIVE, "tensor_active"), (m.DRAM_ACTIVE, "dram_active"),
+    (m.CLOCK_EVENT_REASONS, "clock_event_mask"),
 )
 
 

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: NVML clock-event (throttle) reasons FlopWatch exports, in the catalogue's spelling.
-CLOCK_EVENT_REASONS = (
-    "idle", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal", "hw_thermal", "hw_power_brake",
-)
+#: NVML clock-event (throttle) reasons FlopWatch exports, in the catalogue's spelling, with their
+#: bits in NVML's mask (nvml.h nvmlClocksEventReason*), which dcgm-exporter's
+#: DCGM_FI_DEV_CLOCKS_EVENT_REASONS carries too (internal/pkg/collector/clock_events_collector.go).
+CLOCK_EVENT_BITS: dict[str, int] = {
+    "idle": 0x1, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal": 0x20,
+    "hw_thermal": 0x40, "hw_power_brake": 0x80,
+}
+CLOCK_EVENT_REASONS = tuple(CLOCK_EVENT_BITS)
+
+
+def clock_event_mask(active: dict[str, bool]) -> int:
+    """The active reasons as NVML's bitmask (reasons outside the catalogue are not carried)."""
+    return sum(CLOCK_EVENT_BITS[reason] for reason, on in active.items() if on)
 #: NVML violation policies with their catalogue spelling.
 VIOLATION_REASONS = ("power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability")
 
@@ -78,3 +87,8 @@ class GpuReading:
     tensor_active: float | None = None   # 0..1
     dram_active: float | None = None     # 0..1
     pids: list[int] | None = None
+
+    @property
+    def clock_event_mask(self) -> int | None:
+        """The clock-event reasons as one number: what the rules read every few seconds."""
+        return None if self.clock_events is None else clock_event_mask(self.clock_events)
