@@ -179,8 +179,14 @@ def run(tmp_path_factory) -> Iterator[tuple[PromClient, list[dict], float, float
                 if proc.poll() is None:
                     proc.kill()
         steps = [json.loads(line) for rank in range(RANKS) for line in (work / f"steps{rank}.jsonl").open()]
-        time.sleep(3)                                         # the last scrapes and evaluations
         client = PromClient(prom.url)
+        # The last scrapes and evaluations: until a rule evaluation has read the job's last
+        # iteration (scrapes every 1 s, the goodput group every 15 s / SPEEDUP), or 30 s.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and \
+                client.scalar(f'job_id:flopwatch_train_iteration:max1d{{job_id="{JOB_ID}"}}') != TOTAL:
+            time.sleep(0.5)
+        time.sleep(15 / SPEEDUP)                              # and one more evaluation of every group
         yield client, steps, held_from, max(s["end"] for s in steps)
 
 
