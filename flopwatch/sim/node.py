@@ -129,11 +129,12 @@ class SimTrainCollector(_NodeCollector):
         if series is None:
             series = self._series[key] = self._job_series(labels, c.comm_min_ready, keep.tolist())
         local = len(labels)
+        phases = c.phase_seconds[:, ranks]         # this node's ranks first: a job has thousands
         values: dict[Metric, list[float]] = {
             m.STEPS: c.steps[ranks].tolist(), m.TOKENS: c.tokens[ranks].tolist(),
             m.MODEL_FLOPS: c.model_flops[ranks].tolist(), m.HARDWARE_FLOPS: c.hardware_flops[ranks].tolist(),
-            m.PHASE_SECONDS: c.phase_seconds[:, ranks].T.ravel().tolist(),
-            m.ARRIVAL_SECONDS: c.phase_seconds[ARRIVAL_INDEX, :][:, ranks].sum(axis=0).tolist(),
+            m.PHASE_SECONDS: phases.T.ravel().tolist(),
+            m.ARRIVAL_SECONDS: phases[list(ARRIVAL_INDEX)].sum(axis=0).tolist(),
             m.CHECKPOINT_SECONDS: saved[keep].tolist(), m.LAST_STEP: c.last_step_time[ranks].tolist(),
             m.COMM_MIN: c.comm_min[ranks].tolist() if c.comm_min_ready else [],
             m.ITERATION: [float(c.iteration)] * local,
