@@ -21,6 +21,8 @@ is the rules' share), since a Go collector's work grows with what is allocated. 
 on the load in two different minutes. Figures are cores; `*_per_1000_gpus` divide by the fleet.
 
 `go tool pprof` (Debian's golang-go) reads the saved profiles (`--save DIR`) function by function.
+Prometheus inherits this process's environment, so `GOGC=200 python -m bench.prometheus_profile`
+measures it under another garbage-collection target (its resident memory is reported too).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import sys
 import threading
 import time
@@ -36,6 +39,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from bench.fleet_prometheus import scraped_fleet
 from bench.rule_samples import rule_files
@@ -214,18 +219,21 @@ def main() -> None:
         load_before = uptime()
         print(f"profiling {args.seconds} s (load {load_before})", file=sys.stderr)
         cpu_raw, allocs_raw = profiles(scraped.prometheus.url, args.seconds)
+        rss = psutil.Process(scraped.prometheus.proc.pid).memory_info().rss if scraped.prometheus.proc else 0
     if args.save:
         args.save.mkdir(parents=True, exist_ok=True)
         (args.save / "cpu.pb.gz").write_bytes(cpu_raw)
         (args.save / "allocs.pb.gz").write_bytes(allocs_raw)
     cores = split_cpu(parse_profile(cpu_raw), parse_profile(allocs_raw), args.seconds)
     report = {"gpus": gpus, "seconds": args.seconds, "history_s": args.history, "load_before": load_before,
-              "load_after": uptime(), "cores": cores,
+              "load_after": uptime(), "gogc": os.environ.get("GOGC", "100 (Go's default)"),
+              "prometheus_rss_bytes": rss, "cores": cores,
               "per_1000_gpus": {key: value * 1000 / gpus for key, value in cores.items() if "share" not in key}}
     print(f"Prometheus over {args.seconds} s, {gpus} GPUs (load {load_before} -> {report['load_after']}): cores")
     for key in ("total", "rules", "gc", "rules_gc", "scrape", "other", "rule_cpu"):
         print(f"  {key:9} {cores[key]:.4f}   ({cores[key] * 1000 / gpus:.4f} per 1,000 GPUs)")
-    print(f"  rules allocated {cores['rules_alloc_share']:.1%} of the bytes")
+    print(f"  rules allocated {cores['rules_alloc_share']:.1%} of the bytes; Prometheus RSS {rss / 2**30:.2f} GiB"
+          f" (GOGC {report['gogc']})")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

@@ -10,19 +10,8 @@ import pytest
 
 from bench import prometheus_profile
 from bench.prometheus_profile import parse_profile, part_of, split_cpu, totals
+from flopwatch.detect.remote_write import varint as _varint
 from tests.helpers import usage_error
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def _field(number: int, value: int | bytes) -> bytes:
