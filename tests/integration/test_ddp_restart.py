@@ -41,9 +41,13 @@ RULES = [ROOT / "alerts" / name for name in ("flopwatch-gpu.yml", "flopwatch-goo
                                              "flopwatch-interruptions.yml")]
 SPEEDUP = 5
 JOB_ID = "ddp-restart"
-RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 100, 340, 680
+RANKS, STEP_S, CHECKPOINT_EVERY, KILL_AT, TOTAL = 2, 0.2, 100, 340, 800
 STALL_S = 40.0
 RATE_WINDOW_S = 300 / SPEEDUP          # the rules' 5-minute windows
+# How far the rules' view of a change trails the job's log here: the agent's cycle and the scrape
+# (1 s each), the 15 s increases' half window (1.5 s) and two groups' offsets (3 s each) add up to
+# 6-8 s on a quiet machine and more on a loaded one.
+RULES_LAG_S = 20
 
 WORKER = r'''
 import json, os, signal, time
@@ -208,7 +212,12 @@ def test_one_interruption_and_its_time_to_restart(run):
     resumed = min(s["start"] for s in steps if s["run"] == 2)
     restarts = _one(prom, f"max_over_time(job_id:flopwatch_restart:seconds[{window}])")
     assert len(restarts) == 1
-    assert restarts[0][1] == pytest.approx(resumed - before, abs=2.0)   # the agent reports each second
+    # The rules read the pause at their first evaluation after the job steps again, so it holds the
+    # steps made since the restart up to that evaluation: up to one interval of the interruptions
+    # group (15 s / SPEEDUP) late, and up to a second early (the agent reports each second).
+    late = 15 / SPEEDUP
+    assert resumed - before - 1.0 <= restarts[0][1] <= resumed - before + late + 1.0, \
+        (restarts[0][1], resumed - before)
 
 
 def test_exactly_the_replayed_steps_are_lost_progress(run):
@@ -237,7 +246,10 @@ def test_ettr_from_the_rules_matches_the_jobs_own_log(run):
     begin = min(s["start"] for s in steps) + RATE_WINDOW_S + 3
     assert max(s["end"] for s in steps if s["run"] == 1) > begin + 2, "the first run ended too soon to settle"
     resumed = min(s["end"] for s in steps if s["run"] == 2 and s["iteration"] > KILL_AT)
-    assert ended - resumed > RATE_WINDOW_S + 5, "the second run ended too soon to settle"
+    # The second run trains for a full window and the rules' lag after its last replayed step, so
+    # that the rules' ETTR has risen back with the log's before the averaging ends: with a few
+    # seconds of margin only, a loaded machine cut off the rules' last rising samples (1.3 pp low).
+    assert ended - resumed > RATE_WINDOW_S + RULES_LAG_S, "the second run ended too soon to settle"
     result = prom.query_range(f'job_id:flopwatch_ettr:ratio{{job_id="{JOB_ID}"}}', begin, ended, 1)
     times = np.array([float(t) for t, _ in result[0]["values"]])
     values = np.array([float(v) for _, v in result[0]["values"]])
