@@ -458,6 +458,8 @@ def main() -> None:
                 found = _serve_size(argparse.Namespace(**{**vars(args), "nodes": nodes}), engines, exporters, rules)
                 results.update({f"{name}@{nodes}" if len(sizes) > 1 else name: figures
                                 for name, figures in found.items()})
+                if args.json:   # each size as it ends: a failure at the next keeps what was measured
+                    Path(args.json).write_text(json.dumps(results, indent=1))
         except MissingBinary as error:
             parser.exit(2, f"{error}\n")
     report(results, args.json)  # type: ignore[arg-type]

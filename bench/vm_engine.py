@@ -29,7 +29,7 @@ import yaml
 from bench.fleet_prometheus import served_fleet, wait_targets
 from bench.scale_prometheus import _busiest_others, _other_processes, scrape_targets, server_metrics, uptime
 from bench.sim_capacity import cpu_seconds
-from flopwatch.promql import PromClient
+from flopwatch.promql import PromClient, PromError
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario
 from flopwatch.stack import Alertmanager, VictoriaMetrics, VmAlert
@@ -155,16 +155,34 @@ def serve_with_vmalert(scenario: Scenario, seconds: float, interval: float = 5.0
             with_rules = _window([vm_proc, psutil.Process(vmalert.proc.pid)], victoria.url, vmalert.url, seconds)
             ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
             window = f"{int(with_rules['wall'])}s"
-            failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
-                                   f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
-            series = client.scalar('sum(scrape_samples_scraped{job="sim"})') or 0
+            failing = rules_in_error(vmalert.url)
+            # vmalert stops before the last queries: at 10,000 GPUs its own queries kept
+            # VictoriaMetrics at its concurrency limit, which answered the next one with a 503.
+            vmalert.stop()
+            vmalert = None
+            failed = _answered(client, f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
+                                       f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
+            series = _answered(client, 'sum(scrape_samples_scraped{job="sim"})') or 0
             report = _report(server.fleet, targets_expected, interval, tick, scrape_only, with_rules, failed, series,
-                             ticks, removals, rules_in_error(vmalert.url))
+                             ticks, removals, failing)
             return {**report, "uptime_load_at_start": load_at_start, "uptime_load_at_end": uptime()}
         finally:
             for process in (vmalert, alertmanager, victoria):
                 if process is not None:
                     process.stop()
+
+
+def _answered(client: PromClient, expr: str, attempts: int = 6) -> float | None:
+    """A query's value, asked again after a pause while VictoriaMetrics answers 503 (busy: its
+    concurrent-request limit), which it does under a starved fleet."""
+    for attempt in range(attempts):
+        try:
+            return client.scalar(expr)
+        except PromError as error:
+            if "HTTP 503" not in str(error) or attempt == attempts - 1:
+                raise
+            time.sleep(5.0 * (attempt + 1))
+    return None
 
 
 def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scrape_only: dict[str, Any],
