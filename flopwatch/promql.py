@@ -15,7 +15,12 @@ from typing import Any
 
 
 class PromError(RuntimeError):
-    """The query server could not be reached or rejected the query."""
+    """The query server could not be reached or rejected the query; `status` is the HTTP status
+    of a rejection (None when no answer came), for callers that wait out a busy server (503)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class PromClient:
             except (ValueError, AttributeError):
                 detail = ""
             raise PromError(f"{self.url}: HTTP {error.code} for {params.get('query', path)!r}: "
-                            f"{detail}") from None
+                            f"{detail}", status=error.code) from None
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise PromError(f"cannot reach Prometheus at {self.url} ({reason}); check the URL and "

@@ -11,13 +11,14 @@ from flopwatch.promql import PromError
 
 
 class _Busy:
-    def __init__(self, errors: list[str], value: float) -> None:
+    def __init__(self, errors: list[int], value: float) -> None:
         self.errors, self.value, self.asked = list(errors), value, 0
 
     def scalar(self, expr: str) -> float:
         self.asked += 1
         if self.errors:
-            raise PromError(self.errors.pop(0))
+            status = self.errors.pop(0)
+            raise PromError(f"http://127.0.0.1:1: HTTP {status} for 'up': ", status=status)
         return self.value
 
 
@@ -29,8 +30,7 @@ def pauses(monkeypatch) -> list[float]:
 
 
 def test_a_busy_server_is_asked_again_until_it_answers(pauses):
-    busy = "http://127.0.0.1:1: HTTP 503 for 'up': "
-    client = _Busy([busy, busy], 7.0)
+    client = _Busy([503, 503], 7.0)
     assert vm_engine._answered(client, "up") == 7.0
     assert client.asked == 3
     assert pauses == [5.0, 10.0]
@@ -38,9 +38,8 @@ def test_a_busy_server_is_asked_again_until_it_answers(pauses):
 
 def test_other_errors_and_a_server_that_stays_busy_are_raised(pauses):
     with pytest.raises(PromError, match="HTTP 400"):
-        vm_engine._answered(_Busy(["http://127.0.0.1:1: HTTP 400 for 'up': bad"], 1.0), "up")
-    busy = "http://127.0.0.1:1: HTTP 503 for 'up': "
-    client = _Busy([busy] * 3, 1.0)
+        vm_engine._answered(_Busy([400], 1.0), "up")
+    client = _Busy([503] * 3, 1.0)
     with pytest.raises(PromError, match="HTTP 503"):
         vm_engine._answered(client, "up", attempts=3)
     assert client.asked == 3
