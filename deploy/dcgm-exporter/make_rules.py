@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from flopwatch import hardware
-from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS  # NVML's bits, which DCGM carries
+from flopwatch.mixin.promql import clock_events_from_mask  # NVML's bits, which DCGM carries
 from flopwatch.sim.dcgm_exposition import NVLINK_UNIT_BYTES  # shared with the simulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,9 +98,7 @@ def fast_rules() -> list[dict]:
     """Every 5 s: what the straggler evidence reads (SM clock, utilization, the slowing clock events;
     the job below). The bitmask is recorded once, first in the group, and decoded from that record.
     Everything else is recorded every 15 s or every minute: every 5 s it was most of this file's cost."""
-    clock_events = " or ".join(
-        f'label_replace(floor({REASONS_RECORD} / {bit}) % 2, "reason", "{reason}", "", "")'
-        for reason, bit in CLOCK_EVENT_BITS.items())
+    clock_events = clock_events_from_mask(REASONS_RECORD)
     return [
         gauge(REASONS_RECORD, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
         gauge("node_gpu:flopwatch_gpu_sm_clock_hertz:dcgm", "DCGM_FI_DEV_SM_CLOCK", "1e6 * "),

@@ -29,7 +29,9 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS
 from flopwatch.mixin import names
+from flopwatch.mixin.promql import clock_events_from_mask
 
 #: Where the docs live for links from panels (runbooks) and the push command's --docs-url default
 #: (flopwatch/mixin/names.py, the one spelling; `flopwatch rules build` takes urls.docs instead).
@@ -54,7 +56,8 @@ RULES: tuple[str, ...] = (
     "node_gpu:flopwatch_gpu_up:max", "job_id_gpu:flopwatch_gpu_job_info:max",
     "node_gpu:flopwatch_gpu_sm_clock_hertz:max", "node_gpu:flopwatch_gpu_sm_clock_max_hertz:max",
     "node_gpu:flopwatch_gpu_utilization_ratio:max", "node_gpu:flopwatch_gpu_tensor_active_ratio:max",
-    "node_gpu_reason:flopwatch_gpu_clock_event_active:max", "node_gpu:flopwatch_gpu_memory_clock_hertz:dcgm",
+    "node_gpu:flopwatch_gpu_clock_event_reasons:max", "node_gpu_reason:flopwatch_gpu_clock_event_active:dcgm",
+    "node_gpu:flopwatch_gpu_memory_clock_hertz:dcgm",
     "node_gpu:flopwatch_gpu_power_watts:max", "node_gpu:flopwatch_gpu_temperature_celsius:max",
     "node_gpu:flopwatch_gpu_memory_used_bytes:dcgm", "node_gpu_xid:flopwatch_gpu_xid_errors:dcgm",
     "node_gpu:flopwatch_gpu_ecc_uncorrected_errors:increase10m", "node_gpu:flopwatch_gpu_row_remap_failed:max",
@@ -265,6 +268,14 @@ def dcgm_xids(selector: str, window: str = "") -> str:
     if window:
         record = f"max_over_time({record}[{window}])"
     return f"({record} unless on (node, gpu) flopwatch_gpu_up{{{selector}}})"
+
+
+def clock_event_reasons(matchers: str, reasons: Iterable[str] = CLOCK_EVENT_REASONS) -> str:
+    """The clock-event reasons of the GPUs `matchers` select (1 active, 0 not), decoded from their
+    minute bitmask record; a GPU behind dcgm-exporter without the bitmask shows clock_below_max."""
+    decoded = clock_events_from_mask(f"node_gpu:flopwatch_gpu_clock_event_reasons:max{{{matchers}}}", reasons)
+    return (f"({decoded}) or on (node, gpu) "
+            f'node_gpu_reason:flopwatch_gpu_clock_event_active:dcgm{{{matchers}, reason="clock_below_max"}}')
 
 
 def on_job_gpus(expr: str) -> str:

@@ -12,11 +12,14 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from flopwatch.dashboards import common as c
+from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS
 
 UID = "flopwatch-job"
 TITLE = "FlopWatch / Training job"
 JOB = '{job_id=~"$job_id"}'
 GPUS = 'node=~"$node", gpu=~"$gpu"'
+#: The clock-event reasons that hold a busy GPU back (idle is no fault).
+NOT_IDLE = tuple(reason for reason in CLOCK_EVENT_REASONS if reason != "idle")
 
 
 def _per_step(phase: str) -> str:
@@ -234,7 +237,7 @@ def _gpus(board: c.Board, to_gpu: c.DashboardLink) -> None:
             {"1": ("active", c.RED)})
         .links(board.runbooks("FlopWatchGpuThrottled", "FlopWatchStraggler"))
         .with_target(c.query(c.on_job_gpus(
-            f'node_gpu_reason:flopwatch_gpu_clock_event_active:max{{{GPUS}, reason!="idle"}} == 1'),
+            f"({c.clock_event_reasons(GPUS, NOT_IDLE)}) == 1"),
             "{{node}} GPU {{gpu}} {{reason}}")),
         _outliers(
             "GPU temperature: hottest GPUs", "The eight hottest of the job's GPUs against the job's median. "

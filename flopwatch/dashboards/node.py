@@ -94,7 +94,7 @@ def _clocks_and_throttling(board: c.Board) -> None:
             "under 90% of its model's maximum clock). Red = active.", c.COUNT,
             {"0": ("clear", "transparent"), "1": ("active", c.RED)})
         .links(board.runbooks("FlopWatchGpuThrottled"))
-        .with_target(c.query(_gpu("node_gpu_reason:flopwatch_gpu_clock_event_active:max"), "GPU {{gpu}} {{reason}}")),
+        .with_target(c.query(c.clock_event_reasons(SEL), "GPU {{gpu}} {{reason}}")),
         c.timeseries_panel(
             "Time held below the requested clock", "Share of time each policy held the clock below the "
             "requested clock (NVML violation counters). Sustained thermal or power shares on one GPU make "

@@ -22,6 +22,7 @@ import jinja2
 from flopwatch import xid
 from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS
 from flopwatch.mixin.config import MixinConfig, Selector, duration_seconds
+from flopwatch.mixin.promql import clock_events_from_mask
 
 #: Raw-series name patterns per selector (MixinConfig.selectors field).
 SERIES = {"agent": r"flopwatch_[a-z0-9_]+", "dcgm": r"DCGM_(?:FI|EXP)_[A-Z0-9_]+"}
@@ -137,6 +138,7 @@ def environment(templates: Path, config: MixinConfig) -> jinja2.Environment:
         input_label=lambda kind, label, default: input_label(getattr(config.selectors, kind), label, default),
         c=config, sev=config.severities, runbooks=config.urls.runbooks,
         xid_actions=xid.action_template, xid_page_regex=xid.page_regex, clock_event_bits=CLOCK_EVENT_BITS,
+        clock_events_from_mask=clock_events_from_mask,
     )
     return env
 
