@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sim", "mixin"),
     ("exporters", "report", "dashboards"),
     ("catalog", "config", "stack", "train", "promql", "topology", "traces", "xid", "hardware", "resources",
-     "errors", "logs", "durations", "yamlfile", "mixin.names", "__init__"),
+     "errors", "logs", "durations", "yamlfile", "mixin.names", "mixin.promql", "__init__"),
 )
 
 

@@ -67,6 +67,14 @@ MEMORY_USED = Metric(
 MEMORY_TOTAL = Metric(
     "flopwatch_gpu_memory_total_bytes", "gauge", "bytes", "Device memory installed.", GPU,
 )
+#: The clock-event (throttle) reasons FlopWatch exports, in the catalogue's spelling, with their bits
+#: in NVML's mask (nvml.h nvmlClocksEventReason*), which dcgm-exporter's DCGM_FI_DEV_CLOCKS_EVENT_REASONS
+#: carries too (internal/pkg/collector/clock_events_collector.go). The agent, the simulator, the rules
+#: and the dashboards all read them from here.
+CLOCK_EVENT_BITS: dict[str, int] = {
+    "idle": 0x1, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal": 0x20,
+    "hw_thermal": 0x40, "hw_power_brake": 0x80,
+}
 CLOCK_EVENT_ACTIVE = Metric(
     "flopwatch_gpu_clock_event_active", "gauge", "",
     "1 while this clock-event (throttle) reason holds the SM clock down, else 0. Reasons: idle, "

@@ -29,7 +29,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
 
-from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS
+from flopwatch.catalog.gpu import CLOCK_EVENT_BITS
 from flopwatch.mixin import names
 from flopwatch.mixin.promql import clock_events_from_mask
 
@@ -270,7 +270,7 @@ def dcgm_xids(selector: str, window: str = "") -> str:
     return f"({record} unless on (node, gpu) flopwatch_gpu_up{{{selector}}})"
 
 
-def clock_event_reasons(matchers: str, reasons: Iterable[str] = CLOCK_EVENT_REASONS) -> str:
+def clock_event_reasons(matchers: str, reasons: Iterable[str] = tuple(CLOCK_EVENT_BITS)) -> str:
     """The clock-event reasons of the GPUs `matchers` select (1 active, 0 not), decoded from their
     minute bitmask record; a GPU behind dcgm-exporter without the bitmask shows clock_below_max."""
     decoded = clock_events_from_mask(f"node_gpu:flopwatch_gpu_clock_event_reasons:max{{{matchers}}}", reasons)

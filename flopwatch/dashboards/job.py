@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
+from flopwatch.catalog.gpu import CLOCK_EVENT_BITS
 from flopwatch.dashboards import common as c
-from flopwatch.exporters.gpu.reading import CLOCK_EVENT_REASONS
 
 UID = "flopwatch-job"
 TITLE = "FlopWatch / Training job"
 JOB = '{job_id=~"$job_id"}'
 GPUS = 'node=~"$node", gpu=~"$gpu"'
 #: The clock-event reasons that hold a busy GPU back (idle is no fault).
-NOT_IDLE = tuple(reason for reason in CLOCK_EVENT_REASONS if reason != "idle")
+NOT_IDLE = tuple(reason for reason in CLOCK_EVENT_BITS if reason != "idle")
 
 
 def _per_step(phase: str) -> str:

@@ -1,13 +1,14 @@
-"""PromQL fragments that the rules and the dashboards both build, spelled once."""
+"""PromQL fragments that the rules and the dashboards both build, spelled once (a base module:
+the dashboards, below the mixin, import it too)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS, CLOCK_EVENT_REASONS
+from flopwatch.catalog.gpu import CLOCK_EVENT_BITS
 
 
-def clock_events_from_mask(mask: str, reasons: Iterable[str] = CLOCK_EVENT_REASONS, separator: str = " or ") -> str:
+def clock_events_from_mask(mask: str, reasons: Iterable[str] = tuple(CLOCK_EVENT_BITS), separator: str = " or ") -> str:
     """One series per reason (label `reason`, 1 active / 0 not) decoded from a selector of NVML
     clock-event bitmasks: one bitmask series per GPU is what is stored and read, seven times fewer
     than one series per reason, and the reasons are spelled out only where something shows them.

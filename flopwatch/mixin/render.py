@@ -20,7 +20,7 @@ from pathlib import Path
 import jinja2
 
 from flopwatch import xid
-from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS
+from flopwatch.catalog.gpu import CLOCK_EVENT_BITS
 from flopwatch.mixin.config import MixinConfig, Selector, duration_seconds
 from flopwatch.mixin.promql import clock_events_from_mask
 

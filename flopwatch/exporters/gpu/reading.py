@@ -8,13 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: NVML clock-event (throttle) reasons FlopWatch exports, in the catalogue's spelling, with their
-#: bits in NVML's mask (nvml.h nvmlClocksEventReason*), which dcgm-exporter's
-#: DCGM_FI_DEV_CLOCKS_EVENT_REASONS carries too (internal/pkg/collector/clock_events_collector.go).
-CLOCK_EVENT_BITS: dict[str, int] = {
-    "idle": 0x1, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal": 0x20,
-    "hw_thermal": 0x40, "hw_power_brake": 0x80,
-}
+from flopwatch.catalog.gpu import CLOCK_EVENT_BITS
+
+#: NVML clock-event (throttle) reasons FlopWatch exports, with their bits (the catalogue's table).
 CLOCK_EVENT_REASONS = tuple(CLOCK_EVENT_BITS)
 
 
