@@ -4,37 +4,25 @@ a busy query server, answering as VictoriaMetrics does at its concurrency limit.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from flopwatch.exporters.http import HttpServer, Response
 from flopwatch.promql import PromClient, PromError
 from flopwatch.stack import free_port
 
-
-class _Busy(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b'{"status":"error","errorType":"server_error","error":"too many concurrent requests"}'
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+#: What VictoriaMetrics answers a query at its concurrency limit.
+BUSY = Response(503, b'{"status":"error","errorType":"server_error","error":"too many concurrent requests"}',
+                "application/json")
 
 
 @pytest.fixture
 def busy_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    server = HttpServer("127.0.0.1", 0, lambda path: BUSY)   # the agent's own HTTP server
+    host, port = server.start()
+    yield f"http://{host}:{port}"
+    server.stop()
 
 
 def test_a_rejection_carries_its_http_status_and_the_servers_words(busy_url):
