@@ -20,7 +20,9 @@ Three parts, each measured, none estimated:
   share, bench/fleet_prometheus.py). Phase 1 scrapes only; phase 2 reloads it with
   every rule file of alerts/. Each phase's window reads Prometheus's own /metrics directly: samples
   appended, every group's `prometheus_rule_group_last_duration_seconds` (sampled every 5 s),
-  iterations run and missed, failed evaluations; and Prometheus's CPU time. The CPU the rules need
+  iterations run and missed, failed evaluations; and Prometheus's CPU time, and the simulator's
+  (this process) in each window: on a saturated machine it has read more than bench/sim_cost.py
+  measures on a quiet one. The CPU the rules need
   is phase 2's minus phase 1's, scaled by the share of iterations actually run (on a starved
   machine Prometheus skips them), which depends far less on what else runs than wall time does.
   `--exporter agent,dcgm` measures the same fleet twice in one run, its GPUs served by FlopWatch's
@@ -322,6 +324,7 @@ def _measure_rules(scraped: ScrapedFleet, seconds: float, interval: float, tick:
         "prometheus_rss_gib_max": round(max(rules["rss"]) / 2**30, 2),
         "missed_iterations": sum(g["missed"] for g in groups.values()),
         "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
+        "sim_cpu_pct_of_core_scrape_only": round(100 * scrape_only["sim_cpu"] / scrape_only["wall"], 1),
         "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
         "rule_evaluation_failures": last[("prometheus_rule_evaluation_failures_total", "")]
         - first[("prometheus_rule_evaluation_failures_total", "")],

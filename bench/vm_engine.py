@@ -218,6 +218,7 @@ def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scr
         "victoria_metrics_rss_gib_max": round(max(sample[0] for sample in rules["rss"]) / 2**30, 2),
         "vmalert_rss_gib_max": round(max(sample[1] for sample in rules["rss"]) / 2**30, 2),
         "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
+        "sim_cpu_pct_of_core_scrape_only": round(100 * scrape_only["sim_cpu"] / scrape_only["wall"], 1),
         "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
         "rule_evaluation_failures": last.get(("vmalert_execution_errors_total", ""), 0.0)
         - first.get(("vmalert_execution_errors_total", ""), 0.0),

@@ -79,6 +79,8 @@ def test_both_engines_measured_on_the_same_fleet(tmp_path: Path) -> None:
         assert engine["missed_iterations"] == 0 and engine["rule_evaluation_failures"] == 0
         assert engine["rule_iterations_run_share"] > 0.7
         assert engine["load_average_1m_at_start"] >= 0 and engine["load_average_1m_at_end"] >= 0
+        # the simulator (this process) serves every scrape in both windows
+        assert engine["sim_cpu_pct_of_core_scrape_only"] > 0 and engine["sim_cpu_pct_of_core"] > 0
     assert vm["rules_in_error_at_end"] == []
 
     # CPU and memory of both of VictoriaMetrics' processes, and the ratios from them
