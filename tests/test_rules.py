@@ -75,7 +75,7 @@ def test_every_rule_file_has_promtool_tests() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
 def test_promtool_unit_tests_pass(test_file: Path) -> None:
-    """One promtool run per file, so that the files spread over the test workers."""
+    """One promtool run per file, so that a failure names its file."""
     promtool = tool("promtool", "prometheus")
     result = run(promtool, "test", "rules", test_file.name, cwd=ALERTS / "tests")
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
