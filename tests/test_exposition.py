@@ -98,3 +98,27 @@ def test_block_renderer_reuses_a_metrics_text_only_while_its_values_are_unchange
     assert 'flopwatch_gpu_power_watts{node="n1",gpu="0"} NaN' in nan
     assert 'flopwatch_gpu_power_watts{node="n1",gpu="0"} 300.0' in render([300.0, 320.5], 1.98e9)
     assert render([300.0, 320.5], 1.5e9).count("1500000000.0") == 1
+
+
+def test_block_renderer_writes_each_value_as_the_family_renderer_does():
+    """Repeated values are formatted once; 0.0 and -0.0 (equal, printed differently), NaN and the
+    infinities must still come out value by value, the same bytes as from prometheus_client families."""
+    from flopwatch.catalog import gpu as g
+    from flopwatch.catalog import train as t
+    from flopwatch.exporters.exposition import BlockRenderer, Blocks
+
+    blocks = Blocks("n1")
+    for gpu, watts in enumerate([1.5, 1.5, 0.0, -0.0, 2.25, 2.25, 1e22, 1e22]):
+        blocks.add(g.POWER, (str(gpu),), watts)
+    for gpu, value in enumerate([math.nan, 1.0, 1.0, math.inf, -math.inf]):
+        blocks.add(g.TEMPERATURE, (str(gpu),), value)
+    for gpu, value in enumerate([3.0, 4.0]):
+        blocks.add(g.ENERGY, (str(gpu),), value)
+    blocks.add_histogram(t.STEP_SECONDS, ("j1",), [(1.0, 2.0), (2.0, 2.0), (math.inf, 2.0)], 3.5)
+    expected = ExpositionRenderer().render(blocks.families()).decode()
+    assert "-0.0\n" in expected and "NaN\n" in expected and "1e+22\n" in expected
+    renderer = BlockRenderer()
+    for _ in range(2):   # the second from the cached text
+        out: list[str] = []
+        renderer.render(blocks, out)
+        assert "".join(out) == expected

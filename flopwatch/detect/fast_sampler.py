@@ -24,7 +24,7 @@ from flopwatch.catalog import host as host_metrics
 from flopwatch.catalog import job as job_metrics
 from flopwatch.catalog import train as t
 from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
-from flopwatch.sim.gpu_values import GPU_DYNAMIC, GPU_METRICS, GPU_SCALARS, GPU_VARIANTS
+from flopwatch.sim.gpu_values import GPU_DYNAMIC, GPU_METRICS, GPU_VARIANTS, SCALAR_INDEX, scalar_row
 from flopwatch.sim.jobs import PHASES
 from flopwatch.sim.node import (
     NIC_FIXED,
@@ -142,12 +142,13 @@ class FastSampler:
 
     def _gpus(self) -> Iterator[Group]:
         gpus = self.gpus
+        rows = [scalar_row(gpu) for _, gpu in gpus] if any(m in SCALAR_INDEX for m in self.gpu_metrics) else []
         for metric in self.gpu_metrics:
-            if metric in GPU_SCALARS:
-                fn = GPU_SCALARS[metric]
+            if metric in SCALAR_INDEX:
+                column = SCALAR_INDEX[metric]
                 labels = self._group(metric, lambda metric=metric: self._labels(
                     metric, [(node.name, str(gpu.index)) for node, gpu in gpus]))
-                yield labels, [float(fn(gpu)) for _, gpu in gpus]
+                yield labels, [row[column] for row in rows]
             elif metric in GPU_VARIANTS:
                 variants, values = GPU_VARIANTS[metric]
                 labels = self._group(metric, lambda metric=metric, variants=variants: self._labels(

@@ -17,7 +17,7 @@ from flopwatch.catalog import gpu as m
 from flopwatch.exporters.exposition import Blocks
 from flopwatch.exporters.gpu.collector import SCALAR_READINGS, GpuCollector
 from flopwatch.exporters.gpu.simulated import SimBackend, SimulatedGpu
-from flopwatch.sim.gpu_values import GPU_DYNAMIC, GPU_SCALARS, GPU_VARIANTS
+from flopwatch.sim.gpu_values import GPU_DYNAMIC, GPU_VARIANTS, SCALAR_METRICS, scalar_row
 
 #: After the per-GPU scalars, the metrics in the order GpuCollector.blocks() first adds them.
 _FIXED_AFTER_SCALARS = (m.PROCESSES, m.CLOCK_EVENT_ACTIVE)
@@ -52,15 +52,17 @@ class SimGpuCollector(GpuCollector):
             return super().blocks()
         gpus: list[SimulatedGpu] = self.sim_backend.gpus
         out = Blocks(self.node)
+        rows = list(map(scalar_row, gpus))
+        columns = dict(zip(SCALAR_METRICS, map(list, zip(*rows, strict=True)), strict=True)) if rows else {}
         if any(state.errors for state in self.states):
             self._per_state(out, gpus)
         else:   # up, info and peaks are fixed while every GPU answers
-            self._scalar(out, m.UP, gpus)
+            self._scalar(out, m.UP, columns, gpus)
             self._variants(out, m.INFO, gpus, fixed=True)
             self._variants(out, m.PEAK_FLOPS, gpus, fixed=True)
         for metric, _ in SCALAR_READINGS:
-            self._scalar(out, metric, gpus)
-        self._scalar(out, _FIXED_AFTER_SCALARS[0], gpus)
+            self._scalar(out, metric, columns, gpus)
+        self._scalar(out, _FIXED_AFTER_SCALARS[0], columns, gpus)
         self._variants(out, _FIXED_AFTER_SCALARS[1], gpus)
         self._dynamic(out, m.CLOCK_EVENT_VIOLATION, gpus)
         for metric in _VARIANTS_AFTER_VIOLATION:
@@ -82,13 +84,13 @@ class SimGpuCollector(GpuCollector):
             for dtype, flops in sorted(self.peaks[state.index].items()):
                 put(m.PEAK_FLOPS, (index, dtype), flops)
 
-    def _scalar(self, out: Blocks, metric: Metric, gpus: list[SimulatedGpu]) -> None:
+    def _scalar(self, out: Blocks, metric: Metric, columns: dict[Metric, list[float]],
+                gpus: list[SimulatedGpu]) -> None:
         series = self._series.get(metric)
         if series is None:
             series = self._series[metric] = [(self.node, str(gpu.index)) for gpu in gpus]
-        value = GPU_SCALARS[metric]
         out.series[metric] = series
-        out.values[metric] = [float(value(gpu)) for gpu in gpus]
+        out.values[metric] = columns.get(metric, [])
 
     def _variants(self, out: Blocks, metric: Metric, gpus: list[SimulatedGpu], fixed: bool = False) -> None:
         """A metric with a fixed set of series per GPU; `fixed`: its values too (built once)."""

@@ -12,6 +12,7 @@ grow; an idle GPU drops to its idle clock with the `idle` reason.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -79,6 +80,17 @@ class _Counters:
     nvlink_crc: list[float] = field(default_factory=list)
 
 
+@functools.cache
+def clock_events_of(key: tuple[bool, bool, bool, bool, bool]) -> dict[str, bool]:
+    """Every reason's state for a SimulatedGpu.clock_event_key(): 32 possible, each built once
+    (read only; SimulatedGpu.clock_events() hands out copies)."""
+    idle, sw_thermal, hw_thermal, hw_slowdown, power_cap = key
+    active = dict.fromkeys(CLOCK_EVENT_REASONS, False)
+    active.update(idle=idle, sw_thermal=sw_thermal, hw_thermal=hw_thermal, hw_slowdown=hw_slowdown,
+                  sw_power_cap=power_cap)
+    return active
+
+
 class SimulatedGpu:
     """One GPU. Call `advance(dt)` to move time forward, `reading()` to observe it."""
 
@@ -119,15 +131,13 @@ class SimulatedGpu:
             limit *= (1 - self.faults.power_cap) ** 2
         return limit
 
-    def clock_events(self) -> dict[str, bool]:
+    def clock_event_key(self) -> tuple[bool, bool, bool, bool, bool]:
+        """What the clock-event reasons depend on: idle, thermal (sw and hw), hw slowdown, power cap."""
         f = self.faults
-        active = {reason: False for reason in CLOCK_EVENT_REASONS}
-        active["idle"] = self.idle
-        active["sw_thermal"] = f.thermal > 0
-        active["hw_thermal"] = f.thermal >= 0.15
-        active["hw_slowdown"] = f.hw_slowdown > 0
-        active["sw_power_cap"] = f.power_cap > 0
-        return active
+        return self.idle, f.thermal > 0, f.thermal >= 0.15, f.hw_slowdown > 0, f.power_cap > 0
+
+    def clock_events(self) -> dict[str, bool]:
+        return dict(clock_events_of(self.clock_event_key()))
 
     def advance(self, dt: float) -> None:
         if dt <= 0:
@@ -137,7 +147,7 @@ class SimulatedGpu:
 
     def _advance(self, dt: float) -> None:
         w, f, m, c = self.workload, self.faults, self.model, self.c
-        noise = self.rng.normal(0.0, 1.0, 4)
+        noise = self.rng.standard_normal(4).tolist()   # normal(0, 1): the same draws, as Python floats
         if self.idle:
             self.sm_clock_hz = m.sm_clock_idle_mhz * MHZ
             dynamic = 0.0
@@ -153,9 +163,10 @@ class SimulatedGpu:
         self.temperature_c += (target_c - self.temperature_c) * (1 - math.exp(-dt / THERMAL_TIME_CONSTANT_S))
 
         c.energy_j += self.power_watts * dt
-        for reason, active in (("thermal", f.thermal > 0), ("power", f.power_cap > 0),
-                               ("low_utilization", self.idle)):
-            c.violation[reason] = c.violation.get(reason, 0.0) + (dt if active else 0.0)
+        violation = c.violation
+        violation["thermal"] = violation.get("thermal", 0.0) + (dt if f.thermal > 0 else 0.0)
+        violation["power"] = violation.get("power", 0.0) + (dt if f.power_cap > 0 else 0.0)
+        violation["low_utilization"] = violation.get("low_utilization", 0.0) + (dt if self.idle else 0.0)
         pcie = w.pcie_bytes_per_s * dt
         if f.pcie_width:
             pcie *= f.pcie_width / m.pcie_width
@@ -165,9 +176,8 @@ class SimulatedGpu:
         c.ecc_corrected += self._events(f.ecc_corrected_per_s * dt)
         if m.nvlink_links:
             per_link = w.nvlink_bytes_per_s * dt / m.nvlink_links
-            for link in range(m.nvlink_links):
-                c.nvlink_tx[link] += per_link
-                c.nvlink_rx[link] += per_link
+            c.nvlink_tx[:] = [total + per_link for total in c.nvlink_tx]
+            c.nvlink_rx[:] = [total + per_link for total in c.nvlink_rx]
             if f.nvlink_errors_per_s > 0:
                 c.nvlink_replay[0] += self._events(f.nvlink_errors_per_s * dt)
                 c.nvlink_recovery[0] += self._events(f.nvlink_errors_per_s * dt / 20)
