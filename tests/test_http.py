@@ -98,3 +98,18 @@ def test_busy_port_raises_oserror(server):
     other = HttpServer("127.0.0.1", server.port, lambda path: Response(200, b""))
     with pytest.raises(OSError):
         other.start()
+
+
+def test_an_idle_connection_is_closed_after_the_idle_timeout(server, monkeypatch):
+    """A scraper that connects and then says nothing (or keeps a connection it no longer uses) does
+    not hold a slot forever: after IDLE_TIMEOUT_S without a request the server hangs up."""
+    from flopwatch.exporters import http as module
+
+    monkeypatch.setattr(module, "IDLE_TIMEOUT_S", 0.2)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"flopwatch_x 1\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert sock.recv(65536) == b""   # closed by the server, long before the socket's own 10 s

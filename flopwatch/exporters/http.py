@@ -125,7 +125,8 @@ class HttpServer:
                 return
             while True:
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
+                    async with asyncio.timeout(IDLE_TIMEOUT_S):
+                        head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.LimitOverrunError:
                     await self._send(writer, Response(431, b"request headers too large\n", "text/plain"),
                                      head_only=False, keep_alive=False)
