@@ -274,11 +274,15 @@ class Fleet:
         runner, step = state.runner, state.last_step
         gpn = runner.fleet.gpus_per_node
         stalled = runner.slow.stalled or step is None
-        peak = state.truth.peak_flops
+        if not stalled:   # what every GPU and NIC of the job shares, once per step
+            compute = step.phases["compute"].tolist()
+            nic_bytes_per_s = runner.nic_bytes_per_step() / step.wall
+            nvlink_bytes_per_s = runner.nvlink_bytes_per_step() / step.wall
+            achieved = runner.flops_per_step / runner.ranks / step.wall / state.truth.peak_flops
         for position, index in enumerate(runner.spec.nodes):
             node = self.nodes[index]
             for nic in node.nics:
-                nic.bytes_per_s = 0.0 if stalled else runner.nic_bytes_per_step() / step.wall / len(node.nics)
+                nic.bytes_per_s = 0.0 if stalled else nic_bytes_per_s / len(node.nics)
             for g, gpu in enumerate(node.gpus):
                 rank = position * gpn + g
                 if rank >= runner.ranks:   # a trace job's last node may be partly used
@@ -286,13 +290,10 @@ class Fleet:
                 if stalled:
                     gpu.workload = Workload(busy=0.0, memory_fraction=0.85, processes=1)
                     continue
-                compute = float(step.phases["compute"][rank])
-                busy = min(1.0, (compute + runner.comm_exposed) / step.wall)
-                achieved = runner.flops_per_step / runner.ranks / step.wall / peak
+                busy = min(1.0, (compute[rank] + runner.comm_exposed) / step.wall)
                 gpu.workload = Workload(
                     busy=busy, tensor=min(busy, achieved / max(gpu.speed(), 0.05)),
-                    nvlink_bytes_per_s=runner.nvlink_bytes_per_step() / step.wall,
-                    pcie_bytes_per_s=2e9, memory_fraction=0.85, processes=1,
+                    nvlink_bytes_per_s=nvlink_bytes_per_s, pcie_bytes_per_s=2e9, memory_fraction=0.85, processes=1,
                 )
 
     # -- faults --------------------------------------------------------------------------------
