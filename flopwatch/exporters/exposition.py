@@ -193,8 +193,8 @@ def _fill(pieces: list[str], values: list[float]) -> str:
 
     Equal values share one formatting unless a zero is among them (0.0 and -0.0 are equal but
     print differently); values are floats (Blocks converts), so equal means the same text."""
-    if math.isfinite(sum(values)):   # no NaN or infinity (a sum that overflows takes the slow path)
-        distinct = set(values)
+    distinct = set(values)
+    if math.isfinite(sum(distinct)):   # no NaN or infinity (a sum that overflows takes the slow path)
         if len(distinct) < len(values) and 0.0 not in distinct:
             text = dict(zip(distinct, map(str, distinct), strict=True))
             formatted: Iterable[str] = map(text.__getitem__, values)
