@@ -21,7 +21,8 @@ def _rules(name: str) -> dict[str, dict]:
 
 def test_promtool_cases_are_committed_as_generated() -> None:
     cases = runpy.run_path(str(ALERTS / "tests" / "fabric_cases.py"), run_name="fabric_cases")
-    assert cases["OUT"].read_text() == cases["render"](), "run python alerts/tests/fabric_cases.py"
+    for out, ports in ((cases["OUT"], False), (cases["PORTS_OUT"], True)):
+        assert out.read_text() == cases["render"](ports), "run python alerts/tests/fabric_cases.py"
 
 
 def test_port_alerts_take_the_switch_where_known_and_fire_without_it() -> None:
