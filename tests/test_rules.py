@@ -94,8 +94,10 @@ def test_generated_test_cases_are_committed_as_generated(generator: str) -> None
         spec.loader.exec_module(module)
     finally:
         del sys.modules[spec.name]
-    assert module.OUT.read_text() == module.render(), \
-        f"{module.OUT.name}'s template is stale: run python alerts/tests/{generator}.py, then flopwatch rules build"
+    outputs = module.outputs() if hasattr(module, "outputs") else {module.OUT: module.render()}
+    for out, text in outputs.items():
+        assert out.read_text() == text, \
+            f"{out.name}'s template is stale: run python alerts/tests/{generator}.py, then flopwatch rules build"
 
 
 def test_straggler_medians_are_taken_over_peer_groups() -> None:

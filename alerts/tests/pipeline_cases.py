@@ -1,5 +1,5 @@
-"""Writes the template of alerts/tests/pipeline.yml (flopwatch/mixin/templates/tests/pipeline.yml):
-promtool cases for peer groups, stage imbalance and lost time.
+"""Writes the templates of alerts/tests/pipeline.yml and pipeline-ticket.yml
+(flopwatch/mixin/templates/tests/): promtool cases for peer groups, stage imbalance and lost time.
 
 Run `python alerts/tests/pipeline_cases.py`, then `flopwatch rules build --out alerts`, after changing
 a case; tests/test_rules.py fails when the committed template differs from what this writes. Runbook
@@ -20,8 +20,13 @@ import yaml
 from flopwatch.train.wire import ARRIVAL_PHASES
 
 INTERVAL_S = 5
-SAMPLES = 240          # 20 minutes
+SAMPLES = 186          # 15.5 minutes: the last check is at 15m (promtool evaluates every rule every 5 s)
 OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "pipeline.yml"
+#: A stage imbalance ticket that must not fire is watched for 15 minutes (10 after the lost-time
+#: records' 5-minute windows fill): evaluated every 30 s, as Prometheus runs the pipeline group,
+#: not every 5 s with the straggler rules (promtool evaluates every loaded rule at every step).
+TICKET_OUT = OUT.with_name("pipeline-ticket.yml")
+TICKET_INTERVAL_S = 30
 COLLECTIVE_S = 0.1     # the collective's own time per step
 OPTIMIZER_S = 0.05
 
@@ -97,7 +102,12 @@ def _rounded(expr: str, eval_time: str, samples: list[tuple[str, float]]) -> dic
 
 
 def cases() -> dict:
-    at = lambda minutes: f"{minutes}m"   # noqa: E731
+    def at(minutes: float) -> str:
+        return f"{int(minutes)}m" + (f"{round(minutes % 1 * 60)}s" if minutes % 1 else "")
+
+    # FlopWatchPipelineImbalance holds `for` 10 minutes; the heavy stage's condition holds from the
+    # first evaluations (10 s in), so its ticket is checked at 10m30s.
+    ticket = 10.5
     imbalance = {
         "name": "a heavy last stage is a ticket naming the stage, never a straggler page",
         "interval": f"{INTERVAL_S}s", "input_series": HEAVY_LAST.series(),
@@ -113,10 +123,10 @@ def cases() -> dict:
                      [('{job_id="heavy-last"}', 0.1)]),
         ],
         "alert_rule_test": [
-            {"alertname": "FlopWatchStraggler", "eval_time": at(m), "exp_alerts": []} for m in (3, 8, 15)
+            {"alertname": "FlopWatchStraggler", "eval_time": at(m), "exp_alerts": []} for m in (3, 8, ticket)
         ] + [
             {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(8), "exp_alerts": []},
-            {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(15), "exp_alerts": [{
+            {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(ticket), "exp_alerts": [{
                 "exp_labels": {"alertname": "FlopWatchPipelineImbalance", "severity": "[[ sev.ticket ]]",
                                "job_id": "heavy-last", "stage": "3"},
                 "exp_annotations": {
@@ -136,13 +146,13 @@ def cases() -> dict:
                    "job); every other rank waits for it, so the whole job runs that much slower. Probable cause: "
                    "unknown - no telemetry of its GPU or node explains it.")
     bad_worker = {
-        "name": "a bad worker is paged against its stage's peers; the slightly heavier stage is not",
+        "name": "a bad worker is paged against its stage's peers (pipeline-ticket.yml: the slightly heavier stage is "
+                "not ticketed)",
         "interval": f"{INTERVAL_S}s", "input_series": BAD_WORKER.series(),
         "alert_rule_test": [
             {"alertname": "FlopWatchStraggler", "eval_time": at(4), "exp_alerts": [_straggler(
                 BAD_WORKER, 0, description,
                 "Straggler in job bad-worker: bad-worker-n0 GPU 0 (rank 0) 100% slower, cause unknown")]},
-            {"alertname": "FlopWatchPipelineImbalance", "eval_time": at(15), "exp_alerts": []},
         ],
         # no comm floor from the clients: the least mean comm of a rank (the bad worker's) stands in
         # comm per step: 0.1 (the bad worker), 0.6 x 3 (its peers), 0.57 x 4 (stage 1): mean 0.5225,
@@ -164,17 +174,43 @@ def cases() -> dict:
                      [(f'{{job_id="scattered",class="{c}"}}', v)
                       for c, v in (("scattered", 0.2 / 0.85), ("stage", 0), ("worker", 0))]),
         ],
-        "alert_rule_test": [{"alertname": "FlopWatchStraggler", "eval_time": at(m), "exp_alerts": []} for m in (3, 10)],
+        # 8m: past the straggler rules' longest window (a 5-minute maximum of a 2-minute spread) from the start
+        "alert_rule_test": [{"alertname": "FlopWatchStraggler", "eval_time": at(m), "exp_alerts": []} for m in (3, 8)],
     }
     return {"rule_files": ["../flopwatch-stragglers.yml", "../flopwatch-goodput.yml"],
             "evaluation_interval": f"{INTERVAL_S}s", "tests": [imbalance, bad_worker, scattered]}
 
 
+def ticket_cases() -> dict:
+    return {"rule_files": ["../flopwatch-stragglers.yml", "../flopwatch-goodput.yml"],
+            "evaluation_interval": f"{TICKET_INTERVAL_S}s", "tests": [{
+                "name": "the slightly heavier stage of a job with a bad worker is not ticketed (pipeline.yml: the bad "
+                        "worker is paged)",
+                "interval": f"{INTERVAL_S}s", "input_series": BAD_WORKER.series(),
+                "alert_rule_test": [{"alertname": "FlopWatchPipelineImbalance", "eval_time": "15m", "exp_alerts": []}],
+            }]}
+
+
+HEAD = "# Generated by pipeline_cases.py beside this file: edit the cases there, then run it.\n"
+
+
 def render() -> str:
-    head = "# Generated by pipeline_cases.py beside this file: edit the cases there, then run it.\n"
-    return head + yaml.safe_dump(cases(), sort_keys=False, width=200)
+    return HEAD + yaml.safe_dump(cases(), sort_keys=False, width=200)
+
+
+def render_ticket() -> str:
+    head = HEAD + ("# The stage imbalance ticket that must not fire, watched for 15 minutes (10 after the lost-time\n"
+                   "# records' 5-minute windows fill) at the pipeline rules' own 30 s: promtool evaluates every\n"
+                   "# loaded rule at every step, and at pipeline.yml's 5 s (the straggler rules') that is 181 steps.\n")
+    return head + yaml.safe_dump(ticket_cases(), sort_keys=False, width=200)
+
+
+def outputs() -> dict[Path, str]:
+    """Every template this writes, with its text."""
+    return {OUT: render(), TICKET_OUT: render_ticket()}
 
 
 if __name__ == "__main__":
-    OUT.write_text(render())
-    sys.stdout.write(f"wrote {OUT}\n")
+    for out, text in outputs().items():
+        out.write_text(text)
+        sys.stdout.write(f"wrote {out}\n")

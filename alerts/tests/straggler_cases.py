@@ -21,6 +21,9 @@ from pathlib import Path
 from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS
 
 OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "stragglers.yml"
+#: The cases with NIC counters, which alone load alerts/flopwatch-network.yml (promtool evaluates every
+#: loaded rule at every step; without NIC series its records are absent either way).
+NIC_OUT = OUT.with_name("stragglers-nic.yml")
 SAMPLES = 40
 FAULT = 12
 HEALTHY = (1.00, 1.01, 0.99, 1.00, 1.02, 1.00, 0.98, 1.00)   # compute seconds per step
@@ -31,10 +34,19 @@ HEADER = """\
 # node (n0 GPUs 0-3 = ranks 0-3, n1 = ranks 4-7, ...). Unless a test says otherwise a rank does 5
 # steps of ~1 s between samples (5 s apart) and healthy ranks spend 1.00, 1.01, 0.99, 1.00, 1.02,
 # 1.00, 0.98, 1.00 s per step computing; GPUs clock at 1.98 GHz, 90% busy. Faults start at 60 s.
+"""
+NIC_HEADER = """\
+# The cases with NIC counters: they alone load alerts/flopwatch-network.yml.
+"""
+MAIN_HEADER = """\
+# stragglers-nic.yml has the cases with NIC counters, which alone load alerts/flopwatch-network.yml.
+"""
+RULE_FILES = """\
 rule_files:
   - ../flopwatch-stragglers.yml
   - ../flopwatch-gpu.yml
-  - ../flopwatch-network.yml
+"""
+TAIL = """\
 evaluation_interval: 5s
 tests:"""
 
@@ -420,10 +432,22 @@ def cases() -> list[Case]:
     ]
 
 
-def render() -> str:
-    return HEADER + "".join("\n" + case.render() for case in cases())
+def _nic(case: Case) -> bool:
+    return any(name.startswith("flopwatch_nic_") for name, _ in case.series())
+
+
+def render(nic: bool = False) -> str:
+    """stragglers.yml's template; with `nic`, stragglers-nic.yml's: the cases with NIC counters."""
+    head = HEADER + (NIC_HEADER if nic else MAIN_HEADER) + RULE_FILES + ("  - ../flopwatch-network.yml\n" if nic else "") + TAIL
+    return head + "".join("\n" + case.render() for case in cases() if _nic(case) == nic)
+
+
+def outputs() -> dict[Path, str]:
+    """Every template this writes, with its text."""
+    return {OUT: render(), NIC_OUT: render(nic=True)}
 
 
 if __name__ == "__main__":
-    OUT.write_text(render())
-    sys.stdout.write(f"wrote {OUT}\n")
+    for out, text in outputs().items():
+        out.write_text(text)
+        sys.stdout.write(f"wrote {out}\n")
