@@ -101,8 +101,8 @@ def test_block_renderer_reuses_a_metrics_text_only_while_its_values_are_unchange
 
 
 def test_block_renderer_writes_each_value_as_the_family_renderer_does():
-    """Repeated values are formatted once; 0.0 and -0.0 (equal, printed differently), NaN and the
-    infinities must still come out value by value, the same bytes as from prometheus_client families."""
+    """Repeated values, 0.0 and -0.0 (equal, printed differently), NaN, the infinities and a value
+    past 1e16: the same bytes as from prometheus_client families, rendered and then from the cache."""
     from flopwatch.catalog import gpu as g
     from flopwatch.catalog import train as t
     from flopwatch.exporters.exposition import BlockRenderer, Blocks

@@ -152,22 +152,21 @@ class Blocks:
 
 
 class _MetricText:
-    """One metric's last rendering: its series, the text around each value, the values and the text."""
+    """One metric's last rendering: its series, its `%` template, the values and the text."""
 
-    __slots__ = ("pieces", "series", "suffixes", "text", "values")
+    __slots__ = ("series", "suffixes", "template", "text", "values")
 
-    def __init__(self, series: list[tuple[str, ...]], suffixes: list[str] | None, pieces: list[str]) -> None:
-        self.series, self.suffixes, self.pieces = series, suffixes, pieces
+    def __init__(self, series: list[tuple[str, ...]], suffixes: list[str] | None, template: str) -> None:
+        self.series, self.suffixes, self.template = series, suffixes, template
         self.values: list[float] = []
         self.text = ""
 
 
 class BlockRenderer:
-    """Renders Blocks. Each metric keeps the text between its values (header and series names),
-    reused while its series are unchanged, and its last text, reused while its values are unchanged
-    too (info series, limits, counters that did not move: over half of a GPU node's samples between
-    two cycles). A changed metric is the pieces joined with its values' text, each distinct value
-    formatted once: the ranks of a job on one node mostly report the same step, flops and tokens."""
+    """Renders Blocks, one cached `%` template per metric, reused while its series are unchanged
+    (the same list object, as the simulator's collectors hand back, is not compared item by item),
+    and the metric's last text, reused while its values are unchanged too (info series, limits,
+    counters that did not move: over half of a GPU node's samples between two cycles)."""
 
     def __init__(self) -> None:
         self._texts: dict[CatalogMetric, _MetricText] = {}
@@ -179,44 +178,29 @@ class BlockRenderer:
             values = blocks.values[metric]
             text = last.get(metric)
             if text is None or (text.series is not series and text.series != series) or text.suffixes != suffixes:
-                text = _MetricText(series, suffixes, _pieces(metric, series, suffixes))
+                text = _MetricText(series, suffixes, _template(metric, series, suffixes))
             if text.values != values or not text.text:   # NaN never equals itself: re-rendered each time
                 text.values = list(values)
-                text.text = _fill(text.pieces, values)
+                text.text = _fill(text.template, values)
             texts[metric] = text
             out.append(text.text)
         self._texts = texts
 
 
-def _fill(pieces: list[str], values: list[float]) -> str:
-    """pieces[0] value[0] pieces[1] ... value[n-1] pieces[n], each value as the 0.0.4 format writes it.
-
-    Equal values share one formatting unless a zero is among them (0.0 and -0.0 are equal but
-    print differently); values are floats (Blocks converts), so equal means the same text."""
-    distinct = set(values)
-    if math.isfinite(sum(distinct)):   # no NaN or infinity (a sum that overflows takes the slow path)
-        if len(distinct) < len(values) and 0.0 not in distinct:
-            text = dict(zip(distinct, map(str, distinct), strict=True))
-            formatted: Iterable[str] = map(text.__getitem__, values)
-        else:
-            formatted = map(str, values)
-    else:
-        formatted = map(format_value, values)
-    parts: list[str] = [""] * (2 * len(values) + 1)
-    parts[::2] = pieces
-    parts[1::2] = formatted
-    return "".join(parts)
+def _fill(template: str, values: list[float]) -> str:
+    """The metric's text: its `%` template filled with the values as the 0.0.4 format writes them."""
+    if math.isfinite(sum(values)):   # no NaN or infinity (a sum that overflows takes the slow path)
+        return template % tuple(values)
+    return template % tuple(map(format_value, values))
 
 
-def _pieces(metric: CatalogMetric, series: list[tuple[str, ...]], suffixes: list[str] | None) -> list[str]:
-    """The text before each value (the header, then each series' name and labels) and after the last."""
+def _template(metric: CatalogMetric, series: list[tuple[str, ...]], suffixes: list[str] | None) -> str:
+    """The header and every series' name and labels, with a `%s` where each value goes."""
     family = metric.family()
-    pieces, before = [], _header(family)
+    lines = [_header(family).replace("%", "%%")]
     for i, labels in enumerate(series):
         suffix = suffixes[i] if suffixes else ""
         names = (*metric.all_labels, "le") if suffix == "_bucket" else metric.all_labels
         text = ",".join(f'{name}="{_escape_value(value)}"' for name, value in zip(names, labels, strict=True))
-        pieces.append(f"{before}{metric.name}{suffix}{{{text}}} ")
-        before = "\n"
-    pieces.append(before)
-    return pieces
+        lines.append(f"{metric.name}{suffix}{{{text.replace('%', '%%')}}} %s\n")
+    return "".join(lines)
