@@ -205,7 +205,9 @@ def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict
     samples of every group's last duration, over `seconds`."""
     me, proc = psutil.Process(), psutil.Process(prom.proc.pid)
     others0 = _other_processes({me.pid, proc.pid})
-    first, cpu0, mine0, wall0 = _own_metrics(prom.url), cpu_seconds(proc), cpu_seconds(me), time.monotonic()
+    # the simulator is this process: its CPU from the process clock (psutil counts in 10 ms ticks,
+    # which read a small fleet's window as 0)
+    first, cpu0, mine0, wall0 = _own_metrics(prom.url), cpu_seconds(proc), time.process_time(), time.monotonic()
     durations: dict[str, list[float]] = defaultdict(list)
     rss: list[float] = []
     while time.monotonic() - wall0 < seconds:
@@ -216,7 +218,7 @@ def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict
         time.sleep(max(0.0, min(sample_every, seconds - (time.monotonic() - wall0))))
     last, wall = _own_metrics(prom.url), time.monotonic() - wall0
     return {"wall": wall, "first": first, "last": last, "durations": durations, "rss": rss,
-            "cpu": cpu_seconds(proc) - cpu0, "sim_cpu": cpu_seconds(me) - mine0,
+            "cpu": cpu_seconds(proc) - cpu0, "sim_cpu": time.process_time() - mine0,
             "others": _busiest_others(others0, _other_processes({me.pid, proc.pid}), wall)}
 
 
@@ -323,8 +325,8 @@ def _measure_rules(scraped: ScrapedFleet, seconds: float, interval: float, tick:
         "rule_core_seconds_per_s_per_1000_gpus": round(rule_cores / (gpus / 1000), 4),
         "prometheus_rss_gib_max": round(max(rules["rss"]) / 2**30, 2),
         "missed_iterations": sum(g["missed"] for g in groups.values()),
-        "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 1),
-        "sim_cpu_pct_of_core_scrape_only": round(100 * scrape_only["sim_cpu"] / scrape_only["wall"], 1),
+        "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 2),
+        "sim_cpu_pct_of_core_scrape_only": round(100 * scrape_only["sim_cpu"] / scrape_only["wall"], 2),
         "sim_tick_mean_s": round(statistics.mean(ticks), 2) if ticks else None,
         "rule_evaluation_failures": last[("prometheus_rule_evaluation_failures_total", "")]
         - first[("prometheus_rule_evaluation_failures_total", "")],
