@@ -16,11 +16,8 @@ commit, unpacked with `git archive`) and by this one, each in a fresh process ru
 FleetServer.tick, in turns; the figure is the other's CPU over this one's (best run of each).
 
 `serve`: the fleet ticking in real time behind its HTTP server while a scraper in another process
-fetches every node every interval over keep-alive connections (as Prometheus does); the simulator's
-CPU (ticks + serving) per wall second, from psutil, twice in turns: served from a thread of the
-ticking process (`serve_thread`), and from a child process that gets each tick's bytes
-(`serve_process`, flopwatch/sim/serving_process.py; both processes counted). The scraper's own CPU
-is not counted.
+fetches every node every interval over keep-alive connections (as Prometheus does); this process's
+CPU (ticks + serving) per wall second, from psutil. The scraper's own CPU is not counted.
 """
 
 from __future__ import annotations
@@ -138,26 +135,23 @@ def _figure(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def serve_cost(nodes: int, seconds: float, separate_process: bool = False) -> dict[str, float]:
-    """The simulator's CPU per wall second while the fleet ticks every 5 s and every node is scraped:
-    this process's, and with `separate_process` its HTTP child's too."""
-    server = FleetServer(Fleet(fleet_scenario(nodes), start_unix=time.time()), separate_process=separate_process)
+def serve_cost(nodes: int, seconds: float) -> dict[str, float]:
+    """This process's CPU per wall second while the fleet ticks every 5 s and every node is scraped."""
+    server = FleetServer(Fleet(fleet_scenario(nodes), start_unix=time.time()))
     host, port = server.start()
     stop = threading.Event()
     ticker = threading.Thread(target=server.run, args=(0, stop, INTERVAL_S), daemon=True)
     ticker.start()
-    simulator = [psutil.Process()] + ([psutil.Process(server.serving_pid)] if server.serving_pid else [])
+    me = psutil.Process()
     scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, host, str(port), str(nodes), str(INTERVAL_S),
                                 str(seconds + 2 * INTERVAL_S)])
     try:
         time.sleep(2 * INTERVAL_S)   # the first round of scrapes and ticks
-        load0, wall0, ticks0 = os.getloadavg()[0], time.monotonic(), server.ticks
-        cpu0 = [cpu_seconds(process) for process in simulator]
-        served0 = server.responses()[200]
+        load0, cpu0, wall0, ticks0 = os.getloadavg()[0], cpu_seconds(me), time.monotonic(), server.ticks
+        served0 = server.http.responses[200]
         time.sleep(seconds)
-        wall = time.monotonic() - wall0
-        cpu = [cpu_seconds(process) - before for process, before in zip(simulator, cpu0, strict=True)]
-        served = server.responses()[200] - served0
+        wall, cpu = time.monotonic() - wall0, cpu_seconds(me) - cpu0
+        served = server.http.responses[200] - served0
         ticks = list(server.tick_seconds)[-(server.ticks - ticks0):] if server.ticks > ticks0 else [0.0]
     finally:
         stop.set()
@@ -165,9 +159,7 @@ def serve_cost(nodes: int, seconds: float, separate_process: bool = False) -> di
         ticker.join(30)
         server.stop()
     return {"nodes": nodes, "window_s": round(wall, 1), "scrapes_per_s": round(served / wall, 1),
-            "sim_cores_with_serving": round(sum(cpu) / wall, 4),
-            "http_process_cores": round(cpu[1] / wall, 4) if separate_process else 0.0,
-            "tick_mean_s": round(sum(ticks) / len(ticks), 3),
+            "sim_cores_with_serving": round(cpu / wall, 4), "tick_mean_s": round(sum(ticks) / len(ticks), 3),
             "tick_max_s": round(max(ticks), 3), "load_average_1m_at_start": round(load0, 2),
             "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
 
@@ -178,8 +170,6 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=12, help="measured 5 s ticks per size (default 12)")
     parser.add_argument("--serve-seconds", type=float, default=60,
                         help="seconds of real-time serving at the largest size (0: skip)")
-    parser.add_argument("--serve-rounds", type=int, default=1,
-                        help="serving windows of each kind (thread, process), taken in turns (default 1)")
     parser.add_argument("--against", metavar="DIR", type=Path,
                         help="also time another checkout's simulator at the largest size, in turns with this one "
                         "(e.g. `git archive <commit> | tar -x -C DIR`)")
@@ -193,8 +183,6 @@ def main() -> None:
         parser.error(f"--nodes: expected node counts separated by commas, got {args.nodes!r}")
     if not sizes or min(sizes) < 1:
         parser.error("--nodes: give at least one fleet size of 1 node or more")
-    if args.serve_rounds < 1:
-        parser.error("--serve-rounds: give 1 or more")
     results: dict[str, dict[str, float]] = {}
     for size in sizes:
         print(f"ticks at {size} nodes ...", file=sys.stderr)
@@ -203,11 +191,8 @@ def main() -> None:
         print(f"{max(sizes)} nodes against {args.against} ...", file=sys.stderr)
         results["against"] = against_tree(max(sizes), args.ticks, args.against)
     if args.serve_seconds > 0:
-        for round_ in range(1, args.serve_rounds + 1):
-            for kind in ("thread", "process"):
-                print(f"serving {max(sizes)} nodes for {args.serve_seconds:g} s from a {kind} ...", file=sys.stderr)
-                suffix = f"_{round_}" if args.serve_rounds > 1 else ""
-                results[f"serve_{kind}{suffix}"] = serve_cost(max(sizes), args.serve_seconds, kind == "process")
+        print(f"serving {max(sizes)} nodes for {args.serve_seconds:g} s ...", file=sys.stderr)
+        results["serve"] = serve_cost(max(sizes), args.serve_seconds)
     report(results, args.json)  # type: ignore[arg-type]
 
 

@@ -6,32 +6,31 @@ separate machines. Each tick advances the fleet and re-renders every node throug
 a scrape only copies the last bytes. With the fleet's GPUs behind dcgm-exporter (`fleet.exporter`),
 each node is a second target too, `/node/<index>/dcgm/metrics` with instance `<node>:9400`
 (flopwatch/sim/dcgm_exposition.py), and its agent serves no GPU or attribution series.
-
-With `separate_process`, the HTTP server runs in a child process that gets each tick's bytes
-(flopwatch/sim/serving_process.py): a large fleet's scrapes then no longer slow its ticks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from pathlib import Path
 
 from flopwatch.exporters.http import HttpServer, Response
 from flopwatch.sim.dcgm_exposition import DcgmNodeExporter, uses_flopwatch_counters
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
-from flopwatch.sim.serving_process import NodeBodies, ServingProcess
 
 log = logging.getLogger(__name__)
+
+_NODE_PATH = re.compile(r"^/node/(\d+)/(dcgm/)?metrics$")
 
 
 class FleetServer:
     def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int = 0,
-                 nvlink_per_link: bool = False, separate_process: bool = False) -> None:
+                 nvlink_per_link: bool = False) -> None:
         self.fleet = fleet
         exporter = fleet.scenario.fleet.exporter
         self.agents = [SimNodeAgent(fleet, node, nvlink_per_link, gpus=exporter == "agent") for node in fleet.nodes]
@@ -39,8 +38,7 @@ class FleetServer:
             DcgmNodeExporter(fleet, node, uses_flopwatch_counters(exporter)) for node in fleet.nodes]
         self.expositions: list[bytes] = [b""] * len(self.agents)
         self.dcgm_expositions: list[bytes] = [b""] * len(self.dcgm)
-        self.http: HttpServer | ServingProcess = (ServingProcess(host, port) if separate_process
-                                                  else HttpServer(host, port, self.route))
+        self.http = HttpServer(host, port, self.route)
         self.lock = threading.Lock()   # held while the fleet changes (ticks, injected faults)
         self.ticks = 0
         self.last_tick_seconds = 0.0
@@ -50,23 +48,21 @@ class FleetServer:
     def address(self) -> tuple[str, int]:
         return self.http.address
 
-    @property
-    def serving_pid(self) -> int | None:
-        """The child process that serves the scrapes (None: this process serves them)."""
-        return self.http.pid if isinstance(self.http, ServingProcess) else None
-
-    def responses(self) -> Counter[int]:
-        """Scrapes answered so far, by HTTP status."""
-        return self.http.responses() if isinstance(self.http, ServingProcess) else Counter(self.http.responses)
-
     def route(self, path: str) -> Response:
-        return NodeBodies(self.expositions, self.dcgm_expositions).route(path)
+        match = _NODE_PATH.match(path)
+        if match:
+            index = int(match.group(1))
+            bodies = self.dcgm_expositions if match.group(2) else self.expositions
+            if index < len(bodies):
+                return Response(200, bodies[index])
+        if path == "/":
+            body = f"FlopWatch simulator: {len(self.agents)} nodes at /node/<index>/metrics\n".encode()
+            return Response(200, body, "text/plain")
+        return Response(404, b"not found: nodes are at /node/<index>/metrics\n", "text/plain")
 
     def render_all(self) -> None:
         self.expositions = [agent.render() for agent in self.agents]
         self.dcgm_expositions = [exporter.render() for exporter in self.dcgm]
-        if isinstance(self.http, ServingProcess) and self.http.pid is not None:
-            self.http.publish(self.expositions, self.dcgm_expositions)
 
     def tick(self, dt: float) -> None:
         started = time.perf_counter()
@@ -79,10 +75,7 @@ class FleetServer:
 
     def start(self) -> tuple[str, int]:
         self.render_all()
-        address = self.http.start()
-        if isinstance(self.http, ServingProcess):
-            self.http.publish(self.expositions, self.dcgm_expositions)
-        return address
+        return self.http.start()
 
     def stop(self) -> None:
         self.http.stop()
