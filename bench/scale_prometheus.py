@@ -35,6 +35,8 @@ Three parts, each measured, none estimated:
   with the VictoriaMetrics figures as ratios of Prometheus's; each engine's section records the
   machine's load averages (`uptime`'s three) at the start and end of its windows, and what else
   ran. `--warmup` shortens the wait after loading the rules (smoke runs and tests).
+  Prometheus inherits this process's environment: `GOGC=200 python -m bench.scale_prometheus ...`
+  measures it under another garbage-collection target (recorded as `prometheus_gogc`).
 """
 
 from __future__ import annotations
@@ -324,6 +326,7 @@ def _measure_rules(scraped: ScrapedFleet, seconds: float, interval: float, tick:
         "rule_cores_needed": round(rule_cores, 3),
         "rule_core_seconds_per_s_per_1000_gpus": round(rule_cores / (gpus / 1000), 4),
         "prometheus_rss_gib_max": round(max(rules["rss"]) / 2**30, 2),
+        "prometheus_gogc": os.environ.get("GOGC") or "100 (Go's default)",
         "missed_iterations": sum(g["missed"] for g in groups.values()),
         "sim_cpu_pct_of_core": round(100 * rules["sim_cpu"] / rules["wall"], 2),
         "sim_cpu_pct_of_core_scrape_only": round(100 * scrape_only["sim_cpu"] / scrape_only["wall"], 2),
