@@ -15,6 +15,13 @@ second and the reference's over the simulator's.
 commit, unpacked with `git archive`) and by this one, each in a fresh process running its own
 FleetServer.tick, in turns; the figure is the other's CPU over this one's (best run of each).
 
+`floor`: what any Python renderer of these expositions would pay at least. After the ticks, each
+node's exposition is turned into one `%` template with every sample value a `%r` slot; then every
+node is formatted from its template and its values alone (nothing collected, nothing compared),
+CPU per simulated second, beside the ticks' own in the same process; and the share of sample
+values that one more tick left unchanged (a renderer that kept those in its text would format only
+the rest).
+
 `serve`: the fleet ticking in real time behind its HTTP server while a scraper in another process
 fetches every node every interval over keep-alive connections (as Prometheus does); this process's
 CPU (ticks + serving) per wall second, from psutil. The scraper's own CPU is not counted.
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -130,6 +138,56 @@ def tick_cost(nodes: int, ticks: int) -> dict[str, float]:
             "load_average_1m_at_start": round(load0, 2), "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
 
 
+#: A sample line of the text format: everything up to the value, and the value (no timestamps here).
+_SAMPLE = re.compile(rb"^([^#\n][^\n]* )(\S+)$", re.M)
+
+
+def value_template(exposition: bytes) -> tuple[str, tuple[float, ...]]:
+    """The exposition as one `%` template with a `%r` slot per sample value, and those values."""
+    values: list[float] = []
+
+    def slot(match: re.Match[bytes]) -> bytes:
+        values.append(float(match.group(2)))
+        return match.group(1) + b"%r"
+
+    return _SAMPLE.sub(slot, exposition.replace(b"%", b"%%")).decode(), tuple(values)
+
+
+def _samples(exposition: bytes) -> dict[bytes, bytes]:
+    """Each series (its line up to the value) and its value's text."""
+    return {match.group(1): match.group(2) for match in _SAMPLE.finditer(exposition)}
+
+
+def format_floor(nodes: int, ticks: int) -> dict[str, float]:
+    """Formatting every node from its template and values alone, against the ticks, per simulated second."""
+    server = FleetServer(Fleet(fleet_scenario(nodes), start_unix=time.time()))
+    server.render_all()
+    for _ in range(2):   # every series exists, templates cached
+        server.tick(INTERVAL_S)
+    bodies = list(server.expositions)
+    templates = [value_template(body) for body in bodies]
+    pairs_of_bodies = zip(templates, bodies, strict=True)
+    if any((text % values).encode() != body for (text, values), body in pairs_of_bodies):
+        raise SystemExit("floor: a template did not give back its exposition byte for byte")
+    started = time.thread_time()
+    for _ in range(ticks):
+        for text, values in templates:
+            (text % values).encode()
+    floor = (time.thread_time() - started) / (ticks * INTERVAL_S)
+    started = time.thread_time()
+    for _ in range(ticks):
+        server.tick(INTERVAL_S)
+    tick = (time.thread_time() - started) / (ticks * INTERVAL_S)
+    before = [_samples(body) for body in bodies]
+    now = [_samples(body) for body in server.expositions]
+    pairs = [(old[key], new[key]) for old, new in zip(before, now, strict=True) for key in old.keys() & new.keys()]
+    return {"nodes": nodes, "ticks": ticks, "format_floor_cores": _figure(floor), "tick_cores": _figure(tick),
+            "tick_over_floor": round(tick / floor, 2),
+            "values_unchanged_after_ticks_share": round(sum(a == b for a, b in pairs) / max(1, len(pairs)), 3),
+            "series_compared": len(pairs),
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
+
+
 def _figure(value: float) -> float:
     """Four significant digits: a small fleet's cores are thousandths."""
     return float(f"{value:.4g}")
@@ -170,6 +228,8 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=12, help="measured 5 s ticks per size (default 12)")
     parser.add_argument("--serve-seconds", type=float, default=60,
                         help="seconds of real-time serving at the largest size (0: skip)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure the formatting floor at the largest size (see `floor` above)")
     parser.add_argument("--against", metavar="DIR", type=Path,
                         help="also time another checkout's simulator at the largest size, in turns with this one "
                         "(e.g. `git archive <commit> | tar -x -C DIR`)")
@@ -187,6 +247,9 @@ def main() -> None:
     for size in sizes:
         print(f"ticks at {size} nodes ...", file=sys.stderr)
         results[f"ticks_{size}"] = tick_cost(size, args.ticks)
+    if args.floor:
+        print(f"formatting floor at {max(sizes)} nodes ...", file=sys.stderr)
+        results["floor"] = format_floor(max(sizes), args.ticks)
     if args.against is not None:
         print(f"{max(sizes)} nodes against {args.against} ...", file=sys.stderr)
         results["against"] = against_tree(max(sizes), args.ticks, args.against)

@@ -27,3 +27,20 @@ def test_tick_cost_splits_the_simulators_cpu_into_advance_and_render() -> None:
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert says in usage_error(sim_cost.main, argv, monkeypatch, capsys)
+
+
+def test_a_value_template_gives_back_its_exposition_and_its_values() -> None:
+    body = (b'# HELP m A 100% share.\n# TYPE m gauge\nm{gpu="0",k="a b"} 0.25\nm{gpu="1",k="x"} 1e-05\n'
+            b"plain 3.0\n")
+    text, values = sim_cost.value_template(body)
+    assert values == (0.25, 1e-05, 3.0)
+    assert (text % values).encode() == body
+    assert (text % (0.5, 2.0, 3.0)).encode() == body.replace(b"0.25", b"0.5").replace(b"1e-05", b"2.0")
+
+
+def test_the_floor_is_measured_beside_the_ticks_on_the_same_fleet() -> None:
+    figures = sim_cost.format_floor(nodes=2, ticks=2)
+    assert figures["nodes"] == 2 and figures["format_floor_cores"] > 0
+    assert figures["tick_over_floor"] == pytest.approx(figures["tick_cores"] / figures["format_floor_cores"], rel=0.01)
+    assert figures["series_compared"] > 500
+    assert 0 < figures["values_unchanged_after_ticks_share"] < 1   # counters move, info series do not
