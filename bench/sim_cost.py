@@ -19,8 +19,8 @@ FleetServer.tick, in turns; the figure is the other's CPU over this one's (best 
 node's exposition is turned into one `%` template with every sample value a `%r` slot; then every
 node is formatted from its template and its values alone (nothing collected, nothing compared),
 CPU per simulated second, beside the ticks' own in the same process; and the share of sample
-values that one more tick left unchanged (a renderer that kept those in its text would format only
-the rest).
+values that the measured ticks left unchanged (at least that share is unchanged from one tick to the
+next; a renderer that kept those in its text would format only the rest).
 
 `serve`: the fleet ticking in real time behind its HTTP server while a scraper in another process
 fetches every node every interval over keep-alive connections (as Prometheus does); this process's
@@ -162,7 +162,7 @@ def format_floor(nodes: int, ticks: int) -> dict[str, float]:
     """Formatting every node from its template and values alone, against the ticks, per simulated second."""
     server = FleetServer(Fleet(fleet_scenario(nodes), start_unix=time.time()))
     server.render_all()
-    for _ in range(2):   # every series exists, templates cached
+    for _ in range(2):   # warm: templates cached (a small fleet's job may not be training yet)
         server.tick(INTERVAL_S)
     bodies = list(server.expositions)
     templates = [value_template(body) for body in bodies]
