@@ -86,9 +86,9 @@ def test_block_renderer_reuses_a_metrics_text_only_while_its_values_are_unchange
         for gpu, watts in enumerate(power):
             blocks.add(g.POWER, (str(gpu),), watts)
         blocks.add(g.SM_CLOCK_MAX, ("0",), clock)
-        out: list[str] = []
+        out: list[bytes] = []
         renderer.render(blocks, out)
-        return "".join(out)
+        return b"".join(out).decode()
 
     first = render([300.0, 310.0], 1.98e9)
     assert render([300.0, 310.0], 1.98e9) == first
@@ -119,6 +119,6 @@ def test_block_renderer_writes_each_value_as_the_family_renderer_does():
     assert "-0.0\n" in expected and "NaN\n" in expected and "1e+22\n" in expected
     renderer = BlockRenderer()
     for _ in range(2):   # the second from the cached text
-        out: list[str] = []
+        out: list[bytes] = []
         renderer.render(blocks, out)
-        assert "".join(out) == expected
+        assert b"".join(out).decode() == expected

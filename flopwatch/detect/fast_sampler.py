@@ -84,6 +84,7 @@ class FastSampler:
         self.gpu_metrics = [metric for metric in GPU_METRICS if metric.name in wanted]
         self.nic_metrics = [metric for metric in NIC_METRICS if metric.name in wanted]
         self.gpus = [(node, gpu) for node in self.nodes for gpu in node.gpus]
+        self.fleet_gpus = [gpu for _, gpu in self.gpus]
         self.host_metrics = [metric for metric in metrics_of(host_metrics) if metric.name in wanted]
         self.hosts = [SimHostCollector(fleet, node) for node in self.nodes] if self.host_metrics else []
         # the agent's own collectors, named as a simulated node's agent names them
@@ -153,7 +154,7 @@ class FastSampler:
                 variants, values = GPU_VARIANTS[metric]
                 labels = self._group(metric, lambda metric=metric, variants=variants: self._labels(
                     metric, [(node.name, str(gpu.index), *rest) for node, gpu in gpus for rest in variants(gpu)]))
-                yield labels, [value for _, gpu in gpus for value in values(gpu)]
+                yield labels, values(self.fleet_gpus)
             else:
                 dynamic = GPU_DYNAMIC[metric]
                 keys, found = [], []

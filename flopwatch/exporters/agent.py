@@ -55,11 +55,13 @@ class _Registered:
     def collect(self) -> Iterator[Family]:
         return self.collector.collect()
 
-    def render_into(self, out: list[str]) -> None:
+    def render_into(self, out: list[bytes]) -> None:
         if self.blocks is not None:
             self.templates.render(self.blocks(), out)
         else:
-            self.families.render_into(self.collector.collect(), out)
+            text: list[str] = []
+            self.families.render_into(self.collector.collect(), text)
+            out.append("".join(text).encode())
 
 
 class Agent:
@@ -100,11 +102,11 @@ class Agent:
             self.errors[collector.name] += failures
             if not failures:
                 self.last_success[collector.name] = time.time()
-        out: list[str] = []
+        out: list[bytes] = []
         for source in self._sources:
             source.render_into(out)
         self._self_renderer.render(self._self_metrics.blocks(), out)
-        self._exposition = "".join(out).encode()
+        self._exposition = b"".join(out)
         self.cycles += 1
         self.last_cycle_at = time.monotonic()
         for listener in self.cycle_listeners:

@@ -152,44 +152,49 @@ class Blocks:
 
 
 class _MetricText:
-    """One metric's last rendering: its series, its `%` template, the values and the text."""
+    """One metric's last rendering: its series, its `%` template, the values and the text (UTF-8)."""
 
     __slots__ = ("series", "suffixes", "template", "text", "values")
 
     def __init__(self, series: list[tuple[str, ...]], suffixes: list[str] | None, template: str) -> None:
         self.series, self.suffixes, self.template = series, suffixes, template
         self.values: list[float] = []
-        self.text = ""
+        self.text = b""
 
 
 class BlockRenderer:
     """Renders Blocks, one cached `%` template per metric, reused while its series are unchanged
     (the same list object, as the simulator's collectors hand back, is not compared item by item),
     and the metric's last text, reused while its values are unchanged too (info series, limits,
-    counters that did not move: over half of a GPU node's samples between two cycles)."""
+    counters that did not move: over half of a GPU node's samples between two cycles). Texts are
+    kept encoded, so an unchanged metric is not encoded again either."""
 
     def __init__(self) -> None:
         self._texts: dict[CatalogMetric, _MetricText] = {}
 
-    def render(self, blocks: Blocks, out: list[str]) -> None:
+    def render(self, blocks: Blocks, out: list[bytes]) -> None:
         last, texts = self._texts, {}
+        all_values, all_suffixes, append = blocks.values, blocks.suffixes, out.append
         for metric, series in blocks.series.items():
-            suffixes = blocks.suffixes.get(metric)
-            values = blocks.values[metric]
+            suffixes = all_suffixes.get(metric) if all_suffixes else None
+            values = all_values[metric]
             text = last.get(metric)
             if text is None or (text.series is not series and text.series != series) or text.suffixes != suffixes:
                 text = _MetricText(series, suffixes, _template(metric, series, suffixes))
             if text.values != values or not text.text:   # NaN never equals itself: re-rendered each time
                 text.values = list(values)
-                text.text = _fill(text.template, values)
+                text.text = _fill(text.template, values).encode()
             texts[metric] = text
-            out.append(text.text)
+            append(text.text)
         self._texts = texts
 
 
 def _fill(template: str, values: list[float]) -> str:
     """The metric's text: its `%` template filled with the values as the 0.0.4 format writes them."""
     if math.isfinite(sum(values)):   # no NaN or infinity (a sum that overflows takes the slow path)
+        first = values[0] if len(values) > 1 else 0.0
+        if first and first.__class__ is float and values.count(first) == len(values):
+            return template % ((str(first),) * len(values))   # one value (every rank's step count): one repr
         return template % tuple(values)
     return template % tuple(map(format_value, values))
 

@@ -33,6 +33,7 @@ class SimGpuCollector(GpuCollector):
         self.fast = False   # the last update skipped the reads (every GPU answered)
         self._series: dict[Metric, list[tuple[str, ...]]] = {}
         self._fixed_values: dict[Metric, list[float]] = {}
+        self._shapes: dict[Metric, tuple[tuple[tuple[tuple[str, ...], ...], ...], list[tuple[str, ...]]]] = {}
 
     def _all_answer(self) -> bool:
         backend = self.sim_backend
@@ -102,17 +103,27 @@ class SimGpuCollector(GpuCollector):
             return
         out.series[metric] = series
         if not fixed:
-            out.values[metric] = [float(value) for gpu in gpus for value in values(gpu)]
+            out.values[metric] = values(gpus)
             return
         constant = self._fixed_values.get(metric)
         if constant is None:
-            constant = self._fixed_values[metric] = [float(value) for gpu in gpus for value in values(gpu)]
+            constant = self._fixed_values[metric] = values(gpus)
         out.values[metric] = constant
 
     def _dynamic(self, out: Blocks, metric: Metric, gpus: list[SimulatedGpu]) -> None:
-        found = GPU_DYNAMIC[metric]
-        for gpu in gpus:
-            index = str(gpu.index)
-            for rest, value in found(gpu):
-                out.add(metric, (index, *rest), value)
-
+        """Series that come and go, their label tuples reused while every GPU has the same ones
+        (the violation reasons: the same three on every GPU from the first tick on)."""
+        found = [GPU_DYNAMIC[metric](gpu) for gpu in gpus]
+        shape = tuple(tuple(rest for rest, _ in pairs) for pairs in found)
+        cached = self._shapes.get(metric)
+        if cached is None or cached[0] != shape:
+            cached = self._shapes[metric] = (shape, [(self.node, str(gpu.index), *rest)
+                                                     for gpu, rests in zip(gpus, shape, strict=True) for rest in rests])
+        if not cached[1]:
+            return
+        values = [value for pairs in found for _, value in pairs]
+        if metric in out.series:
+            out.series[metric] = out.series[metric] + cached[1]
+            out.values[metric] += values
+        else:   # the cached list itself: the renderer then knows the series are unchanged
+            out.series[metric], out.values[metric] = cached[1], values

@@ -20,10 +20,6 @@ def busy(gpu: SimulatedGpu) -> float:
     return 0.0 if gpu.idle else gpu.workload.busy
 
 
-def nvlink_sum(gpu: SimulatedGpu, counters: str) -> float:
-    return sum(getattr(gpu.c, counters))
-
-
 #: GPU metrics with one series per GPU (label `gpu` only), in the order of scalar_row's values.
 SCALAR_METRICS: tuple[Metric, ...] = (
     g.UP, g.UTILIZATION, g.MEMORY_UTILIZATION, g.SM_CLOCK, g.SM_CLOCK_MAX, g.MEMORY_CLOCK, g.POWER, g.POWER_LIMIT,
@@ -67,24 +63,38 @@ def _clock_event_values(key: tuple[bool, bool, bool, bool, bool]) -> tuple[float
 
 
 REASONS = tuple(sorted(CLOCK_EVENT_REASONS))
-#: GPU metrics with a fixed set of series per GPU: (label values after `gpu`, per GPU) and values.
+
+
+def _active_reasons(gpus: list[SimulatedGpu]) -> list[float]:
+    return [value for gpu in gpus for value in clock_event_values(gpu)[1]]
+
+
+def _nvlink_bytes(gpus: list[SimulatedGpu]) -> list[float]:
+    return [value for gpu in gpus if gpu.model.nvlink_links
+            for value in (float(int(sum(gpu.c.nvlink_tx))), float(int(sum(gpu.c.nvlink_rx))))]
+
+
+def _nvlink_errors(gpus: list[SimulatedGpu]) -> list[float]:
+    return [float(sum(counts)) for gpu in gpus if gpu.model.nvlink_links
+            for counts in (gpu.c.nvlink_crc, gpu.c.nvlink_recovery, gpu.c.nvlink_replay)]
+
+
+#: GPU metrics with a fixed set of series per GPU: (label values after `gpu`, per GPU) and the
+#: values of a list of GPUs, GPU after GPU in the same order (one call per node or fleet, not per
+#: GPU: the simulator calls these for 10,000 GPUs every tick).
 GPU_VARIANTS: dict[Metric, tuple[Callable[[SimulatedGpu], list[tuple[str, ...]]],
-                                 Callable[[SimulatedGpu], list[float]]]] = {
-    g.INFO: (lambda gpu: [(gpu.uuid, gpu.model.name, SIM_DRIVER_VERSION)], lambda gpu: [1.0]),
+                                 Callable[[list[SimulatedGpu]], list[float]]]] = {
+    g.INFO: (lambda gpu: [(gpu.uuid, gpu.model.name, SIM_DRIVER_VERSION)], lambda gpus: [1.0] * len(gpus)),
     g.PEAK_FLOPS: (lambda gpu: [(dtype,) for dtype in sorted(gpu.model.peak_dense_flops)],
-                   lambda gpu: [float(v) for _, v in sorted(gpu.model.peak_dense_flops.items())]),
-    g.CLOCK_EVENT_ACTIVE: (lambda gpu: [(reason,) for reason in REASONS], lambda gpu: clock_event_values(gpu)[1]),
+                   lambda gpus: [float(v) for gpu in gpus for _, v in sorted(gpu.model.peak_dense_flops.items())]),
+    g.CLOCK_EVENT_ACTIVE: (lambda gpu: [(reason,) for reason in REASONS], _active_reasons),
     g.PCIE_BYTES: (lambda gpu: [("tx",), ("rx",)],
-                   lambda gpu: [float(int(gpu.c.pcie_tx)), float(int(gpu.c.pcie_rx))]),
+                   lambda gpus: [float(int(value)) for gpu in gpus for value in (gpu.c.pcie_tx, gpu.c.pcie_rx)]),
     g.REMAPPED_ROWS: (lambda gpu: [("correctable",), ("uncorrectable",)],
-                      lambda gpu: [0.0, float(gpu.remapped_uncorrectable)]),
-    g.NVLINK_BYTES: (lambda gpu: [("all", "tx"), ("all", "rx")] if gpu.model.nvlink_links else [],
-                     lambda gpu: [float(int(nvlink_sum(gpu, "nvlink_tx"))), float(int(nvlink_sum(gpu, "nvlink_rx")))]
-                     if gpu.model.nvlink_links else []),
+                      lambda gpus: [value for gpu in gpus for value in (0.0, float(gpu.remapped_uncorrectable))]),
+    g.NVLINK_BYTES: (lambda gpu: [("all", "tx"), ("all", "rx")] if gpu.model.nvlink_links else [], _nvlink_bytes),
     g.NVLINK_ERRORS: (lambda gpu: [("all", "crc"), ("all", "recovery"), ("all", "replay")]
-                      if gpu.model.nvlink_links else [],
-                      lambda gpu: [float(nvlink_sum(gpu, "nvlink_crc")), float(nvlink_sum(gpu, "nvlink_recovery")),
-                                   float(nvlink_sum(gpu, "nvlink_replay"))] if gpu.model.nvlink_links else []),
+                      if gpu.model.nvlink_links else [], _nvlink_errors),
 }
 #: GPU metrics whose series come and go: [(label values after `gpu`, value)] per GPU.
 GPU_DYNAMIC: dict[Metric, Callable[[SimulatedGpu], list[tuple[tuple[str, ...], float]]]] = {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import numpy as np
 from prometheus_client.core import Metric as Family
 
 from flopwatch.catalog import Metric
@@ -84,7 +83,7 @@ class SimTrainCollector(_NodeCollector):
 
     def __init__(self, fleet: Fleet, node: SimNode) -> None:
         super().__init__(fleet, node)
-        self._placed: dict[tuple[str, int], tuple[np.ndarray, list[tuple[str, ...]]]] = {}
+        self._placed: dict[tuple[str, int], tuple[slice, list[tuple[str, ...]]]] = {}
         self._series: dict[tuple[object, ...], dict[Metric, list]] = {}
 
     def jobs_here(self) -> Iterator[tuple[JobState, int]]:
@@ -96,8 +95,9 @@ class SimTrainCollector(_NodeCollector):
                 continue
             yield state, spec.nodes.index(self.node.index)
 
-    def _ranks(self, state: JobState, position: int) -> tuple[np.ndarray, list[tuple[str, ...]]]:
-        """The job's ranks on this node and their label values (node first), built once per job."""
+    def _ranks(self, state: JobState, position: int) -> tuple[slice, list[tuple[str, ...]]]:
+        """The job's ranks on this node (consecutive: a slice of the job's per-rank arrays, cheaper
+        to read than an index array) and their label values (node first), built once per job."""
         runner = state.runner
         key = (runner.spec.id, position)
         placed = self._placed.get(key)
@@ -107,7 +107,7 @@ class SimTrainCollector(_NodeCollector):
                      if position * gpn + gpu < runner.ranks]   # a trace job's last node may be partly used
             labels = [(self.node.name, runner.spec.id, str(rank), str(gpu), str(runner.stage[rank]),
                        str(runner.dp_rank[rank])) for rank, gpu in ranks]
-            placed = self._placed[key] = (np.array([rank for rank, _ in ranks], dtype=int), labels)
+            placed = self._placed[key] = (slice(position * gpn, position * gpn + len(ranks)), labels)
         return placed
 
     def blocks(self) -> Blocks:

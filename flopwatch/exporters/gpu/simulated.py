@@ -64,6 +64,12 @@ class Impairments:
         return (1 - self.thermal) * (1 - self.hw_slowdown) * (1 - self.power_cap)
 
 
+@functools.cache
+def _thermal_step(dt: float) -> float:
+    """The share of the way to its target temperature a GPU moves in `dt` (one value per tick length)."""
+    return 1 - math.exp(-dt / THERMAL_TIME_CONSTANT_S)
+
+
 @dataclass
 class _Counters:
     energy_j: float = 0.0
@@ -148,36 +154,40 @@ class SimulatedGpu:
     def _advance(self, dt: float) -> None:
         w, f, m, c = self.workload, self.faults, self.model, self.c
         noise = self.rng.standard_normal(4).tolist()   # normal(0, 1): the same draws, as Python floats
-        if self.idle:
+        if w.busy < 0.05:   # idle
             self.sm_clock_hz = m.sm_clock_idle_mhz * MHZ
             dynamic = 0.0
         else:
-            self.sm_clock_hz = m.sm_clock_max_mhz * MHZ * f.clock_factor()
-            dynamic = min(1.0, 0.3 * w.busy + 0.9 * w.tensor) * f.clock_factor() ** 2
+            factor = f.clock_factor()
+            self.sm_clock_hz = m.sm_clock_max_mhz * MHZ * factor
+            dynamic = min(1.0, 0.3 * w.busy + 0.9 * w.tensor) * factor ** 2
         power = m.idle_power_watts + (m.power_limit_watts - m.idle_power_watts) * dynamic
         power *= 1 + 0.01 * noise[0]
         self.power_watts = max(m.idle_power_watts * 0.8, min(power, self.power_limit()))
         target_c = AMBIENT_C + 0.06 * self.power_watts
         if f.thermal > 0:
             target_c = 87 + 40 * f.thermal
-        self.temperature_c += (target_c - self.temperature_c) * (1 - math.exp(-dt / THERMAL_TIME_CONSTANT_S))
+        self.temperature_c += (target_c - self.temperature_c) * _thermal_step(dt)
 
         c.energy_j += self.power_watts * dt
         violation = c.violation
         violation["thermal"] = violation.get("thermal", 0.0) + (dt if f.thermal > 0 else 0.0)
         violation["power"] = violation.get("power", 0.0) + (dt if f.power_cap > 0 else 0.0)
-        violation["low_utilization"] = violation.get("low_utilization", 0.0) + (dt if self.idle else 0.0)
+        violation["low_utilization"] = violation.get("low_utilization", 0.0) + (dt if w.busy < 0.05 else 0.0)
         pcie = w.pcie_bytes_per_s * dt
         if f.pcie_width:
             pcie *= f.pcie_width / m.pcie_width
         c.pcie_tx += pcie * (1 + 0.02 * abs(noise[1]))
         c.pcie_rx += pcie * (1 + 0.02 * abs(noise[2]))
-        c.pcie_replays += self._events(f.pcie_replays_per_s * dt)
-        c.ecc_corrected += self._events(f.ecc_corrected_per_s * dt)
+        if f.pcie_replays_per_s > 0:
+            c.pcie_replays += self._events(f.pcie_replays_per_s * dt)
+        if f.ecc_corrected_per_s > 0:
+            c.ecc_corrected += self._events(f.ecc_corrected_per_s * dt)
         if m.nvlink_links:
             per_link = w.nvlink_bytes_per_s * dt / m.nvlink_links
-            c.nvlink_tx[:] = [total + per_link for total in c.nvlink_tx]
-            c.nvlink_rx[:] = [total + per_link for total in c.nvlink_rx]
+            if per_link:
+                c.nvlink_tx[:] = [total + per_link for total in c.nvlink_tx]
+                c.nvlink_rx[:] = [total + per_link for total in c.nvlink_rx]
             if f.nvlink_errors_per_s > 0:
                 c.nvlink_replay[0] += self._events(f.nvlink_errors_per_s * dt)
                 c.nvlink_recovery[0] += self._events(f.nvlink_errors_per_s * dt / 20)
