@@ -76,3 +76,35 @@ def test_each_ranks_arrival_counter_is_its_data_compute_and_other_phases() -> No
     for key, value in arrival.items():
         assert value == pytest.approx(phases[key]["data"] + phases[key]["compute"] + phases[key]["other"])
         assert value < sum(phases[key].values())      # comm and optimizer are left out
+
+
+def test_a_node_with_a_finished_and_a_running_job_shows_each_jobs_step_histogram_once_per_render() -> None:
+    """The node's collectors hand the renderer label lists they keep from tick to tick; a second
+    job's histogram on the same node must be added beside the first's, never into its kept list
+    (which would grow the first job's buckets render after render)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fleet = Fleet(parse({
+        "name": "two-jobs", "seed": 5, "duration": "20m", "scrape_interval": "5s",
+        "fleet": {"nodes": 3, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 8},
+        "jobs": [{"id": "a", "nodes": "0-1", "model": MODEL_8B, "tokens_per_step": 524288, "target_mfu": 0.42,
+                  "start": "0s", "end": "2m"},
+                 {"id": "b", "nodes": "0-2", "model": MODEL_8B, "tokens_per_step": 524288, "target_mfu": 0.4,
+                  "start": "2m"}],
+    }), start_unix=1.7e9)
+    agent = SimNodeAgent(fleet, fleet.nodes[0])
+    both = 0
+    while fleet.t < 300:
+        fleet.advance(5.0)
+        counts: dict[str, int] = {}
+        buckets: dict[str, int] = {}
+        for family in text_string_to_metric_families(agent.render().decode()):
+            for sample in family.samples:
+                if sample.name == "flopwatch_train_step_seconds_count":
+                    counts[sample.labels["job_id"]] = counts.get(sample.labels["job_id"], 0) + 1
+                elif sample.name == "flopwatch_train_step_seconds_bucket":
+                    buckets[sample.labels["job_id"]] = buckets.get(sample.labels["job_id"], 0) + 1
+        assert all(count == 1 for count in counts.values()), f"t={fleet.t:g}: {counts}"
+        assert len(set(buckets.values())) <= 1, f"t={fleet.t:g}: {buckets}"
+        both += counts.keys() == {"a", "b"}
+    assert both > 10   # the finished job's series linger beside the running one's

@@ -90,6 +90,7 @@ class FastSampler:
         # the agent's own collectors, named as a simulated node's agent names them
         self.collector_names = sorted(SimNodeAgent(fleet, fleet.nodes[0]).agent.errors) if fleet.nodes else []
         self.nics = [(node, nic) for node in self.nodes for nic in node.nics]
+        self.fleet_nics = [nic for _, nic in self.nics]
         self._groups: dict[object, tuple[Labels, ...]] = {}
         self.fabric = self._fabric_series()
 
@@ -176,7 +177,7 @@ class FastSampler:
                 variants, values = NIC_FIXED[metric]
                 labels = self._group(metric, lambda metric=metric, variants=variants: self._labels(
                     metric, [(node.name, nic.device, "1", *rest) for node, nic in nics for rest in variants]))
-                yield labels, [value for _, nic in nics for value in values(nic)]
+                yield labels, values(self.fleet_nics)
             else:
                 state = NIC_STATES[metric]
                 pairs = [state(nic) for _, nic in nics]

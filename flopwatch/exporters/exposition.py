@@ -125,18 +125,12 @@ class Blocks:
     def add_histogram(self, metric: CatalogMetric, labels: Sequence[str],
                       cumulative: Sequence[tuple[float, float]], total: float) -> None:
         """A histogram: (upper bound, cumulative count) pairs ending with +Inf, and the sum."""
-        suffixes = self.suffixes.setdefault(metric, [])
-        if metric not in self.series:
-            self.series[metric] = []
-            self.values[metric] = []
-        base = (self.node, *labels)
-        for bound, count in cumulative:
-            suffixes.append("_bucket")
-            self.series[metric].append((*base, "+Inf" if math.isinf(bound) else repr(float(bound))))
-            self.values[metric].append(float(count))
-        suffixes += ["_count", "_sum"]
-        self.series[metric] += [base, base]
-        self.values[metric] += [float(cumulative[-1][1]), float(total)]
+        series, suffixes = histogram_series(self.node, labels, [bound for bound, _ in cumulative])
+        values = [*(float(count) for _, count in cumulative), float(cumulative[-1][1]), float(total)]
+        # new lists, not extended in place: a collector may have handed over lists it keeps
+        self.suffixes[metric] = self.suffixes.get(metric, []) + suffixes
+        self.series[metric] = self.series.get(metric, []) + series
+        self.values[metric] = self.values.get(metric, []) + values
 
     def families(self) -> Iterator[Family]:
         for metric, series in self.series.items():
@@ -149,6 +143,15 @@ class Blocks:
                 family.samples.append(Sample(metric.name + suffix, dict(zip(label_names, labels, strict=True)),
                                              value, None, None))
             yield family
+
+
+def histogram_series(node: str, labels: Sequence[str],
+                     bounds: Sequence[float]) -> tuple[list[tuple[str, ...]], list[str]]:
+    """A histogram's label tuples and name suffixes, in the order Blocks.add_histogram adds its
+    values: one bucket per bound (the last +Inf), then _count and _sum."""
+    base = (node, *labels)
+    series = [(*base, "+Inf" if math.isinf(bound) else repr(float(bound))) for bound in bounds]
+    return [*series, base, base], ["_bucket"] * len(bounds) + ["_count", "_sum"]
 
 
 class _MetricText:

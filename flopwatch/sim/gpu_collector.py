@@ -114,13 +114,13 @@ class SimGpuCollector(GpuCollector):
         """Series that come and go, their label tuples reused while every GPU has the same ones
         (the violation reasons: the same three on every GPU from the first tick on)."""
         found = [GPU_DYNAMIC[metric](gpu) for gpu in gpus]
+        if not any(found):   # no XID on any GPU: the common case
+            return
         shape = tuple(tuple(rest for rest, _ in pairs) for pairs in found)
         cached = self._shapes.get(metric)
         if cached is None or cached[0] != shape:
             cached = self._shapes[metric] = (shape, [(self.node, str(gpu.index), *rest)
                                                      for gpu, rests in zip(gpus, shape, strict=True) for rest in rests])
-        if not cached[1]:
-            return
         values = [value for pairs in found for _, value in pairs]
         if metric in out.series:
             out.series[metric] = out.series[metric] + cached[1]

@@ -23,7 +23,7 @@ from flopwatch.catalog import nic as nic_metrics
 from flopwatch.catalog import train as train_metrics
 from flopwatch.config import GpuOptions
 from flopwatch.exporters.agent import Agent
-from flopwatch.exporters.exposition import Blocks
+from flopwatch.exporters.exposition import Blocks, histogram_series
 from flopwatch.exporters.fabric import FabricCollector
 from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.simulated import SimBackend
@@ -37,21 +37,23 @@ PORT_STATE_WORDS = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DE
 PHYS_STATE_WORDS = {2: "Polling", 3: "Disabled", 5: "LinkUp", 6: "LinkErrorRecovery"}
 NIC_ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "port_xmit_discards")
 
-NicValue = Callable[[SimulatedNic], list[float]]
+NicValues = Callable[[list[SimulatedNic]], list[float]]
 _n = nic_metrics
-#: NIC metrics with a fixed set of series per port: (label values after device and port) and values,
-#: as the agent's NIC collector exports them (the detection benchmark's bulk reader uses them too).
-NIC_FIXED: dict[Metric, tuple[tuple[tuple[str, ...], ...], NicValue]] = {
-    _n.INFO: ((("InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"),), lambda nic: [1.0]),
-    _n.COUNTERS_AVAILABLE: (((),), lambda nic: [1.0]),
-    _n.PORT_RATE: (((),), lambda nic: [float(nic.rate_bytes_per_s)]),
+#: NIC metrics with a fixed set of series per port: (label values after device and port) and the
+#: values of a list of ports, port after port, as the agent's NIC collector exports them (the
+#: detection benchmark's bulk reader uses them too; one call per node or fleet, not per port).
+NIC_FIXED: dict[Metric, tuple[tuple[tuple[str, ...], ...], NicValues]] = {
+    _n.INFO: ((("InfiniBand", "28.39.1002", "MT4129", "MT_0000000838"),), lambda nics: [1.0] * len(nics)),
+    _n.COUNTERS_AVAILABLE: (((),), lambda nics: [1.0] * len(nics)),
+    _n.PORT_RATE: (((),), lambda nics: [float(nic.rate_bytes_per_s) for nic in nics]),
     _n.DATA: ((("tx",), ("rx",)),
-              lambda nic: [float(int(nic.xmit_bytes) // 4 * 4), float(int(nic.rcv_bytes) // 4 * 4)]),
-    _n.PACKETS: ((("tx",), ("rx",)), lambda nic: [float(int(nic.xmit_packets)), float(int(nic.rcv_packets))]),
+              lambda nics: [float(int(value) // 4 * 4) for nic in nics for value in (nic.xmit_bytes, nic.rcv_bytes)]),
+    _n.PACKETS: ((("tx",), ("rx",)),
+                 lambda nics: [float(int(value)) for nic in nics for value in (nic.xmit_packets, nic.rcv_packets)]),
     _n.ERRORS: (tuple((counter,) for counter in NIC_ERROR_COUNTERS),
-                lambda nic: [float(getattr(nic, counter)) for counter in NIC_ERROR_COUNTERS]),
-    _n.LINK_DOWNED: (((),), lambda nic: [float(nic.link_downed)]),
-    _n.XMIT_WAIT: (((),), lambda nic: [float(int(nic.xmit_wait))]),
+                lambda nics: [float(getattr(nic, counter)) for nic in nics for counter in NIC_ERROR_COUNTERS]),
+    _n.LINK_DOWNED: (((),), lambda nics: [float(nic.link_downed) for nic in nics]),
+    _n.XMIT_WAIT: (((),), lambda nics: [float(int(nic.xmit_wait)) for nic in nics]),
 }
 #: NIC metrics whose label carries the state word: (label values after device and port, value).
 NIC_STATES: dict[Metric, Callable[[SimulatedNic], tuple[tuple[str, ...], float]]] = {
@@ -85,15 +87,25 @@ class SimTrainCollector(_NodeCollector):
         super().__init__(fleet, node)
         self._placed: dict[tuple[str, int], tuple[slice, list[tuple[str, ...]]]] = {}
         self._series: dict[tuple[object, ...], dict[Metric, list]] = {}
+        self._positions: dict[str, tuple[list[int], int | None]] = {}   # a job's nodes and this one's place
+        self._histograms: dict[str, tuple[list[tuple[str, ...]], list[str]]] = {}
 
     def jobs_here(self) -> Iterator[tuple[JobState, int]]:
         for state in self.fleet.jobs.values():
-            spec = state.runner.spec
-            if self.node.index not in spec.nodes or state.counters.step_count == 0:
+            if state.counters.step_count == 0:
                 continue
             if state.finished_at is not None and self.fleet.t - state.finished_at > SERIES_EXPIRY_S:
                 continue
-            yield state, spec.nodes.index(self.node.index)
+            position = self._position(state.runner.spec.id, state.runner.spec.nodes)
+            if position is not None:
+                yield state, position
+
+    def _position(self, job: str, nodes: list[int]) -> int | None:
+        """This node's place in a job's node list (looked up once per job, not every tick)."""
+        cached = self._positions.get(job)
+        if cached is None or cached[0] is not nodes:
+            cached = self._positions[job] = (nodes, nodes.index(self.node.index) if self.node.index in nodes else None)
+        return cached[1]
 
     def _ranks(self, state: JobState, position: int) -> tuple[slice, list[tuple[str, ...]]]:
         """The job's ranks on this node (consecutive: a slice of the job's per-rank arrays, cheaper
@@ -149,8 +161,17 @@ class SimTrainCollector(_NodeCollector):
             else:
                 out.series[metric], out.values[metric] = series[metric], found
         # every local rank observes every step: count = steps x local ranks (as the intake does)
-        out.add_histogram(m.STEP_SECONDS, (runner.spec.id,),
-                          list(zip(STEP_BUCKETS, (c.step_buckets * local).tolist(), strict=True)), c.step_sum * local)
+        counts = (c.step_buckets * local).tolist()
+        if m.STEP_SECONDS in out.series:   # the lingering job's histogram is there already
+            out.add_histogram(m.STEP_SECONDS, (runner.spec.id,), list(zip(STEP_BUCKETS, counts, strict=True)),
+                              c.step_sum * local)
+            return
+        histogram = self._histograms.get(runner.spec.id)
+        if histogram is None:
+            histogram = self._histograms[runner.spec.id] = histogram_series(
+                self.node.name, (runner.spec.id,), STEP_BUCKETS)
+        out.series[m.STEP_SECONDS], out.suffixes[m.STEP_SECONDS] = histogram
+        out.values[m.STEP_SECONDS] = [*counts, counts[-1], float(c.step_sum * local)]
 
     @staticmethod
     def _job_series(labels: list[tuple[str, ...]], comm_min: bool, saved: list[bool]) -> dict[Metric, list]:
@@ -186,7 +207,7 @@ class SimNicCollector(_NodeCollector):
             if series is None:
                 series = self._series[metric] = [(node, nic.device, "1", *rest) for nic in nics for rest in variants]
             out.series[metric] = series
-            out.values[metric] = [value for nic in nics for value in values(nic)]
+            out.values[metric] = values(nics)
         for metric, state in NIC_STATES.items():
             pairs = [state(nic) for nic in nics]
             words = tuple(rest for rest, _ in pairs)
@@ -203,22 +224,38 @@ class SimNicCollector(_NodeCollector):
 
 
 class SimHostCollector(_NodeCollector):
-    """What the host collector exports for this node (flopwatch/catalog/host.py): two NUMA nodes."""
+    """What the host collector exports for this node (flopwatch/catalog/host.py): its NUMA nodes
+    (SimNode.numa_nodes, two)."""
 
     name = "host"
 
+    def __init__(self, fleet: Fleet, node: SimNode) -> None:
+        super().__init__(fleet, node)
+        self._series: tuple[tuple[str, ...], dict[Metric, list[tuple[str, ...]]]] | None = None
+
     def blocks(self) -> Blocks:
+        """The same series every tick (label tuples built once per set of CPU modes), new values."""
         m = host_metrics
         node = self.node
         out = Blocks(node.name)
-        for numa in range(node.numa_nodes):
-            for mode, seconds in node.cpu_seconds.items():
-                out.add(m.CPU_SECONDS, (str(numa), mode), seconds / node.numa_nodes)
-            out.add(m.CPUS, (str(numa),), node.cpus_per_numa)
-        out.add(m.MEMORY_TOTAL, (), 2 * 2**40)
-        out.add(m.MEMORY_AVAILABLE, (), 2 * 2**40 * (0.35 if node.job_id else 0.95))
-        out.add(m.PRESSURE_STALLED, ("cpu", "some"), node.cpu_pressure_some_s)
-        out.add(m.GPU_PROCESSES, (), len(node.gpus) if node.job_id else 0)
+        modes = tuple(node.cpu_seconds)
+        if self._series is None or self._series[0] != modes:
+            numas = [str(numa) for numa in range(node.numa_nodes)]
+            self._series = (modes, {
+                m.CPU_SECONDS: [(node.name, numa, mode) for numa in numas for mode in modes],
+                m.CPUS: [(node.name, numa) for numa in numas],
+                **{metric: [(node.name,)] for metric in (m.MEMORY_TOTAL, m.MEMORY_AVAILABLE)},
+                m.PRESSURE_STALLED: [(node.name, "cpu", "some")], m.GPU_PROCESSES: [(node.name,)]})
+        out.series.update(self._series[1])
+        out.values.update({
+            m.CPU_SECONDS: [seconds / node.numa_nodes for _ in range(node.numa_nodes)
+                            for seconds in node.cpu_seconds.values()],
+            m.CPUS: [float(node.cpus_per_numa)] * node.numa_nodes,
+            m.MEMORY_TOTAL: [float(2 * 2**40)],
+            m.MEMORY_AVAILABLE: [2 * 2**40 * (0.35 if node.job_id else 0.95)],
+            m.PRESSURE_STALLED: [float(node.cpu_pressure_some_s)],
+            m.GPU_PROCESSES: [float(len(node.gpus) if node.job_id else 0)],
+        })
         return out
 
     def collect(self) -> Iterator[Family]:
