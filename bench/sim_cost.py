@@ -13,7 +13,10 @@ second and the reference's over the simulator's.
 
 `against`: with `--against DIR`, the same fleet ticked by another checkout's simulator (an older
 commit, unpacked with `git archive`) and by this one, each in a fresh process running its own
-FleetServer.tick, in turns; the figure is the other's CPU over this one's (best run of each).
+FleetServer.tick, in turns; the figure is the other's CPU over this one's (best run of each), and
+`same_expositions` says whether both served the same bytes on every measured tick (the agents'
+timing of themselves aside): a change meant only to make the simulator cheaper must leave it true,
+and then the detection suite's inputs did not change.
 
 `floor`: what any Python renderer of these expositions would pay at least. After the ticks, each
 node's exposition is turned into one `%` template with every sample value a `%r` slot; then every
@@ -68,38 +71,51 @@ for t in threads: t.join()
 """
 
 
-#: One run of a tree's own FleetServer.tick (advance + render every node): CPU per simulated second.
+#: One run of a tree's own FleetServer.tick (advance + render every node): CPU per simulated second,
+#: and a digest of every exposition of every measured tick but the agent's timing of itself (the
+#: fleet starts at a fixed time, so two trees that render the same bytes give the same digest).
 TICKS = """
-import json, sys, time
+import hashlib, json, sys, time
 from bench.sim_capacity import fleet_scenario
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.serve import FleetServer
 nodes, ticks = int(sys.argv[1]), int(sys.argv[2])
-server = FleetServer(Fleet(fleet_scenario(nodes), start_unix=time.time()))
+timing = (b"flopwatch_collector_duration_seconds", b"flopwatch_collector_last_success_timestamp_seconds")
+server = FleetServer(Fleet(fleet_scenario(nodes), start_unix=1.7e9))
 server.render_all()
 for _ in range(2):
     server.tick(5.0)
-started = time.thread_time()
+spent, digest = 0.0, hashlib.sha256()
 for _ in range(ticks):
+    started = time.thread_time()
     server.tick(5.0)
-print(json.dumps((time.thread_time() - started) / (ticks * 5.0)))
+    spent += time.thread_time() - started
+    for body in server.expositions + server.dcgm_expositions:
+        digest.update(b"\\n".join(line for line in body.split(b"\\n") if not line.startswith(timing)) + b"\\0")
+print(json.dumps({"cores": spent / (ticks * 5.0), "digest": digest.hexdigest()}))
 """
 
 
-def against_tree(nodes: int, ticks: int, tree: Path, rounds: int = 2) -> dict[str, float | str]:
+def against_tree(nodes: int, ticks: int, tree: Path, rounds: int = 2) -> dict[str, float | str | bool]:
     """This tree's simulator against another checkout's (e.g. `git archive` of an older commit), each
-    running its own FleetServer.tick in a fresh process, in turns (A B A B ...) under the same load."""
+    running its own FleetServer.tick in a fresh process, in turns (A B A B ...) under the same load;
+    `same_expositions`: whether both rendered the same bytes on every measured tick (their own
+    timing aside), which a change meant only to make the simulator cheaper must keep."""
     spent: dict[str, list[float]] = {"this": [], "other": []}
+    digests: dict[str, set[str]] = {"this": set(), "other": set()}
     load0 = os.getloadavg()[0]
     for _ in range(rounds):
         for name, root in (("other", tree), ("this", Path(__file__).resolve().parents[1])):
             done = subprocess.run([sys.executable, "-c", TICKS, str(nodes), str(ticks)], cwd=root, check=True,
                                   capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
-            spent[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            spent[name].append(run["cores"])
+            digests[name].add(run["digest"])
     this, other = min(spent["this"]), min(spent["other"])
     return {"nodes": nodes, "ticks_per_run": ticks, "runs_each": rounds, "other_tree": str(tree),
             "sim_cores": round(this, 4), "other_tree_sim_cores": round(other, 4),
             "other_over_this": round(other / this, 2),
+            "same_expositions": len(digests["this"] | digests["other"]) == 1,
             "load_average_1m_at_start": round(load0, 2), "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
 
 

@@ -44,3 +44,23 @@ def test_the_floor_is_measured_beside_the_ticks_on_the_same_fleet() -> None:
     assert figures["tick_over_floor"] == pytest.approx(figures["tick_cores"] / figures["format_floor_cores"], rel=0.01)
     assert figures["series_compared"] > 500
     assert 0 < figures["values_unchanged_after_ticks_share"] < 1   # counters move, info series do not
+
+
+def test_against_another_tree_says_whether_it_renders_the_same_bytes(tmp_path) -> None:
+    """A copy of this tree renders what this one does; a copy whose simulated hosts report other
+    memory does not, and the comparison says so beside the figures."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(sim_cost.__file__).resolve().parents[1]
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name, change in (("same", None), ("other", ("0.35 if node.job_id", "0.36 if node.job_id"))):
+        tree = tmp_path / name
+        for package in ("flopwatch", "bench"):
+            shutil.copytree(root / package, tree / package, ignore=ignore)
+        if change is not None:
+            node = tree / "flopwatch" / "sim" / "node.py"
+            assert change[0] in node.read_text()
+            node.write_text(node.read_text().replace(*change))
+        figures = sim_cost.against_tree(nodes=2, ticks=1, tree=tree, rounds=1)
+        assert figures["same_expositions"] is (change is None), name
