@@ -154,7 +154,8 @@ class SimulatedGpu:
     def _advance(self, dt: float) -> None:
         w, f, m, c = self.workload, self.faults, self.model, self.c
         noise = self.rng.standard_normal(4).tolist()   # normal(0, 1): the same draws, as Python floats
-        if w.busy < 0.05:   # idle
+        idle = self.idle
+        if idle:
             self.sm_clock_hz = m.sm_clock_idle_mhz * MHZ
             dynamic = 0.0
         else:
@@ -173,7 +174,7 @@ class SimulatedGpu:
         violation = c.violation
         violation["thermal"] = violation.get("thermal", 0.0) + (dt if f.thermal > 0 else 0.0)
         violation["power"] = violation.get("power", 0.0) + (dt if f.power_cap > 0 else 0.0)
-        violation["low_utilization"] = violation.get("low_utilization", 0.0) + (dt if w.busy < 0.05 else 0.0)
+        violation["low_utilization"] = violation.get("low_utilization", 0.0) + (dt if idle else 0.0)
         pcie = w.pcie_bytes_per_s * dt
         if f.pcie_width:
             pcie *= f.pcie_width / m.pcie_width
