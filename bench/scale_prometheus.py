@@ -65,8 +65,8 @@ from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.node import SimNodeAgent
 from flopwatch.sim.scenario import EXPORTERS, Scenario, node_name
-from flopwatch.stack import Prometheus
-from flopwatch.stack.process import MissingBinary, require_binary
+from flopwatch.stack import Prometheus, releases
+from flopwatch.stack.process import MissingBinary
 from flopwatch.topology.model import Fabric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def sink_volume() -> dict[str, float]:
 
 # -- bytes per sample in Prometheus's TSDB --------------------------------------------------------------
 def tsdb_bytes_per_sample(nodes: int, hours: float, step: float = 5.0) -> dict[str, float]:
-    promtool = require_binary("promtool", "prometheus")
+    promtool = releases.binary("promtool")
     span = hours * 3600
     start = float(int(time.time() - span - 600) // 7200 * 7200)  # align to Prometheus's 2 h block ranges
     fleet = Fleet(fleet_scenario(nodes, step), start_unix=start)

@@ -41,3 +41,14 @@ def usage_error(main: Callable[[], object], argv: list[str], monkeypatch: pytest
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "Traceback" not in last
     return last
+
+
+def program(name: str, release: str | None = None) -> str:
+    """The path of a server program (flopwatch.stack.releases.PROGRAMS) in `release`, or a failed
+    test naming the Debian package or the build that provides it (never a skip)."""
+    from flopwatch.stack import MissingBinary, releases
+
+    try:
+        return releases.binary(name, release)
+    except MissingBinary as error:
+        pytest.fail(str(error))

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import program
 
 from flopwatch.cli import main
 from flopwatch.commands import report as report_command
 from flopwatch.mixin import render
 from flopwatch.mixin.config import load
-from flopwatch.stack.process import MissingBinary, require_binary
 
 #: Settings a fleet might change, each away from its default (the promtool cases' inputs sit on the
 #: same side of these thresholds; their expected texts follow the settings).
@@ -44,11 +44,6 @@ stragglers: {host_cpu_busy: 0.85}
 RAW = re.compile(rf"(?<![\w:\"'])({render.SERIES['agent']}|{render.SERIES['dcgm']})(?![\w:])(\{{[^}}]*\}})?")
 
 
-def tool(binary: str, package: str) -> str:
-    try:
-        return require_binary(binary, package)
-    except MissingBinary as error:
-        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +66,7 @@ def rules(root: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.slow
 def test_override_rules_pass_promtool_and_their_tests(built: Path) -> None:
-    promtool = tool("promtool", "prometheus")
+    promtool = program("promtool")
     check = subprocess.run([promtool, "check", "rules", *map(str, rule_files(built))], capture_output=True,
                            text=True, timeout=120, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -116,7 +111,7 @@ def test_settings_reach_the_expressions_labels_and_annotations(built: Path) -> N
 
 
 def test_override_alertmanager_config_routes_the_renamed_severities(built: Path) -> None:
-    amtool = tool("amtool", "prometheus-alertmanager")
+    amtool = program("amtool")
     result = subprocess.run([amtool, "check-config", "alertmanager.yml"], cwd=built / "alerts",
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import program
 
 from flopwatch import xid
 from flopwatch.catalog import by_name
 from flopwatch.commands.demo import alertmanager_config
 from flopwatch.mixin import names
 from flopwatch.mixin.config import MixinConfig
-from flopwatch.stack.process import MissingBinary, require_binary
+from flopwatch.stack import releases
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "alerts"
@@ -34,11 +35,9 @@ RUNBOOKS = MixinConfig().urls.runbooks
 STRAGGLER_CAUSES = {"thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader", "unknown"}
 
 
-def tool(binary: str, package: str) -> str:
-    try:
-        return require_binary(binary, package)
-    except MissingBinary as error:
-        pytest.fail(str(error))
+#: Each promtool and amtool check runs on both releases (flopwatch.stack.releases): Prometheus 2.42
+#: and 3.x read the same rule files and tests differently at window edges.
+on_both = pytest.mark.parametrize("release", releases.RELEASES)
 
 
 def run(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -60,8 +59,9 @@ def test_rule_files_exist() -> None:
             "flopwatch-network.yml", "flopwatch-jobs.yml", "flopwatch-agent.yml"} <= names
 
 
-def test_promtool_check_rules_is_clean() -> None:
-    promtool = tool("promtool", "prometheus")
+@on_both
+def test_promtool_check_rules_is_clean(release: str) -> None:
+    promtool = program("promtool", release)
     result = run(promtool, "check", "rules", *map(str, RULE_FILES))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == len(RULE_FILES), result.stdout
@@ -73,10 +73,11 @@ def test_every_rule_file_has_promtool_tests() -> None:
 
 
 @pytest.mark.slow
+@on_both
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
-def test_promtool_unit_tests_pass(test_file: Path) -> None:
-    """One promtool run per file, so that a failure names its file."""
-    promtool = tool("promtool", "prometheus")
+def test_promtool_unit_tests_pass(test_file: Path, release: str) -> None:
+    """One promtool run per file and release, so that a failure names both."""
+    promtool = program("promtool", release)
     result = run(promtool, "test", "rules", test_file.name, cwd=ALERTS / "tests")
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     assert result.stdout.count("SUCCESS") == 1, result.stdout
@@ -237,8 +238,9 @@ def test_rules_doc_covers_every_recording_rule() -> None:
     assert not missing
 
 
-def test_alertmanager_config_passes_amtool() -> None:
-    amtool = tool("amtool", "prometheus-alertmanager")
+@on_both
+def test_alertmanager_config_passes_amtool(release: str) -> None:
+    amtool = program("amtool", release)
     result = run(amtool, "check-config", "alertmanager.yml", cwd=ALERTS)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
@@ -249,8 +251,9 @@ def test_alertmanager_config_passes_amtool() -> None:
     (["severity=ticket", "alertname=FlopWatchGpuXid"], "ticket"),
     (["alertname=SomethingElse"], "ticket"),
 ])
-def test_alertmanager_routes_by_severity(labels: list[str], receiver: str) -> None:
-    amtool = tool("amtool", "prometheus-alertmanager")
+@on_both
+def test_alertmanager_routes_by_severity(labels: list[str], receiver: str, release: str) -> None:
+    amtool = program("amtool", release)
     result = run(amtool, "config", "routes", "test", "--config.file=alertmanager.yml", *labels, cwd=ALERTS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == receiver
@@ -265,16 +268,18 @@ def test_alertmanager_groups_by_job_and_node_and_inhibits_on_lost_gpus() -> None
 
 
 @pytest.mark.parametrize("template", ["flopwatch.title", "flopwatch.text"])
-def test_templates_render(template: str) -> None:
-    amtool = tool("amtool", "prometheus-alertmanager")
+@on_both
+def test_templates_render(template: str, release: str) -> None:
+    amtool = program("amtool", release)
     result = run(amtool, "template", "render", "--template.glob=templates/*.tmpl",
                  f'--template.text={{{{ template "{template}" . }}}}', cwd=ALERTS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
 
 
-def test_title_names_the_job_node_and_cluster(tmp_path: Path) -> None:
-    amtool = tool("amtool", "prometheus-alertmanager")
+@on_both
+def test_title_names_the_job_node_and_cluster(tmp_path: Path, release: str) -> None:
+    amtool = program("amtool", release)
     labels = {"alertname": "FlopWatchStraggler", "severity": "page", "job_id": "4242", "node": "gpu-07",
               "cluster": "east"}
     alert = {"status": "firing", "labels": labels, "annotations": {"summary": "s"}, "startsAt": "2026-01-01T00:00:00Z",
@@ -290,8 +295,9 @@ def test_title_names_the_job_node_and_cluster(tmp_path: Path) -> None:
     assert result.stdout.strip() == "[PAGE] Straggler job 4242 on gpu-07 (east)"
 
 
-def test_local_alertmanager_config_keeps_routing_and_talks_only_to_the_webhook(tmp_path: Path) -> None:
-    amtool = tool("amtool", "prometheus-alertmanager")
+@on_both
+def test_local_alertmanager_config_keeps_routing_and_talks_only_to_the_webhook(tmp_path: Path, release: str) -> None:
+    amtool = program("amtool", release)
     config = alertmanager_config("http://127.0.0.1:9/alerts")
     for receiver in config["receivers"]:
         assert set(receiver) == {"name", "webhook_configs"}

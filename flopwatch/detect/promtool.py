@@ -28,7 +28,7 @@ from flopwatch.detect.sampler import FleetSampler, Recorder, keep_by
 from flopwatch.durations import parse_duration
 from flopwatch.sim.fleet import Fleet
 from flopwatch.sim.scenario import Scenario
-from flopwatch.stack.process import require_binary
+from flopwatch.stack import releases
 
 _BLOCK = re.compile(r"alertname: (\S+), time: (\S+),\s*\n\s*exp:\[\s*\],\s*\n\s*got:\[(.*?)\n\s*\]", re.S)
 _LABELS = re.compile(r"Labels:\{(.*?)\}\n")
@@ -125,7 +125,7 @@ def episodes_from(firing_at: dict[float, list[dict[str, str]]], steps: list[floa
 
 def run(scenario: Scenario, rules: RuleSet, exact: bool = False, timeout: float = 600) -> list[Episode]:
     """Episodes as promtool sees them (times in seconds since the scenario's start)."""
-    binary = require_binary("promtool", "prometheus")
+    binary = releases.binary("promtool")
     with tempfile.TemporaryDirectory(prefix="flopwatch-promtool-") as tmp:
         path, steps = test_file(scenario, rules, Path(tmp), exact)
         answer = subprocess.run([binary, "test", "rules", str(path)], capture_output=True, text=True,

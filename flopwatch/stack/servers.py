@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from flopwatch.stack import releases
 from flopwatch.stack.process import ServerProcess
 
 
@@ -23,10 +24,32 @@ def scrape_job(name: str, targets: Sequence[str], metrics_path: str = "/metrics"
     return job
 
 
-class Prometheus(ServerProcess):
-    """prometheus (Debian package `prometheus`), with optional rules and Alertmanager."""
+class ReleasedServer(ServerProcess):
+    """A server whose binary comes from the release in use (flopwatch.stack.releases): Debian's
+    package or the current upstream build."""
+
+    program = ""
+
+    def __init__(self, port: int | None = None, workdir: Path | None = None, *,
+                 extra_args: Sequence[str] = ()) -> None:
+        self.release = releases.current()           # fixed when made: a server never changes build
+        super().__init__(port, workdir, extra_args=extra_args)
+
+    def command(self) -> list[str]:
+        return [releases.binary(self.program, self.release)]
+
+    @property
+    def upstream(self) -> bool:
+        """True on the current upstream build (flags and defaults that Debian's older one lacks)."""
+        return self.release == "current"
+
+
+class Prometheus(ReleasedServer):
+    """prometheus (Debian package `prometheus`, or Prometheus 3 built from its module), with
+    optional rules and Alertmanager."""
 
     binary = "prometheus"
+    program = "prometheus"
     package = "prometheus"
     ready_path = "/-/ready"
 
@@ -83,10 +106,12 @@ class Prometheus(ServerProcess):
             pass
 
 
-class Alertmanager(ServerProcess):
-    """prometheus-alertmanager (Debian package `prometheus-alertmanager`), gossip disabled."""
+class Alertmanager(ReleasedServer):
+    """prometheus-alertmanager (Debian package `prometheus-alertmanager`, or the current release
+    built from its module), gossip disabled."""
 
     binary = "prometheus-alertmanager"
+    program = "alertmanager"
     package = "prometheus-alertmanager"
     ready_path = "/-/ready"
 
@@ -110,10 +135,13 @@ class Alertmanager(ServerProcess):
         ]
 
 
-class VictoriaMetrics(ServerProcess):
-    """victoria-metrics single node (Debian package `victoria-metrics`)."""
+class VictoriaMetrics(ReleasedServer):
+    """victoria-metrics single node (Debian package `victoria-metrics` 1.79, or the current release:
+    every flag below means the same in both). What was written is visible to queries at once
+    (`-search.latencyOffset=0s`, not 30 s), so tests and vmalert read back without waiting."""
 
     binary = "victoria-metrics"
+    program = "victoria-metrics"
     package = "victoria-metrics"
     ready_path = "/health"
 
@@ -124,13 +152,18 @@ class VictoriaMetrics(ServerProcess):
         ]
 
 
-class VmAlert(ServerProcess):
-    """vmalert (Debian package `victoria-metrics`): evaluates Prometheus rule files against a
-    datasource speaking the Prometheus query API and writes results back through remote write.
-    Rule files with alerting rules need an Alertmanager (`notifiers`), as vmalert refuses to start
-    without one."""
+class VmAlert(ReleasedServer):
+    """vmalert (Debian package `victoria-metrics` 1.79, or the current release): evaluates
+    Prometheus rule files against a datasource speaking the Prometheus query API and writes results
+    back through remote write. Rule files with alerting rules need an Alertmanager (`notifiers`), as
+    vmalert refuses to start without one.
+
+    vmalert 1.95 and later evaluate 30 s in the past by default (`-rule.evalDelay`, meant to equal
+    the datasource's `-search.latencyOffset`); FlopWatch's VictoriaMetrics shows data at once, so
+    the current release is told 0 s, which is what 1.79 does without the flag (it has none)."""
 
     binary = "vmalert"
+    program = "vmalert"
     package = "victoria-metrics"
     ready_path = "/health"
 
@@ -154,6 +187,7 @@ class VmAlert(ServerProcess):
             *(f"-rule={path}" for path in self.rule_files),
             *(f"-notifier.url={url}" for url in self.notifiers),
             *(f"-external.label={name}={value}" for name, value in self.external_labels.items()),
+            *(["-rule.evalDelay=0s"] if self.upstream else []),
             *self.extra_args,
         ]
 

@@ -1,8 +1,10 @@
-"""Rule files vmalert starts on: Debian's vmalert 1.79 refuses a whole file for one field it does not
-know (`keep_firing_for`, `query_offset`) and names one problem per run of `-dryRun`. `vmalert_rules`
-repeats the dry run on a copy of each file, takes out what vmalert names (the field, else the rule,
-else the group) and reports every removal with vmalert's reason, so the benchmarks and the tests
-that run the shipped rules through vmalert evaluate everything else and say what they left out.
+"""Rule files vmalert starts on: vmalert refuses a whole file for one field it does not know
+(Debian's 1.79: `keep_firing_for`, which 1.92 added; 1.79 and 1.151 alike: Prometheus's
+`query_offset`) and names one problem per group per run of `-dryRun`. `vmalert_rules` repeats the
+dry run on a copy of each file, takes out what vmalert names (the field, else the rule, else the
+group) and reports every removal with vmalert's reason, so the benchmarks and the tests that run
+the shipped rules through vmalert evaluate everything else and say what they left out. On the
+current release the shipped files need no removal.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import Any
 
 import yaml
 
-from flopwatch.stack.process import require_binary
+from flopwatch.stack import releases
 
 _PROBLEM = re.compile(r'invalid group "(?P<group>[^"]+)" in file "[^"]+": (?P<reason>.+)')
-_RULE = re.compile(r'rule "[^"]*"\."(?P<rule>[^"]+)": ')
+# a rule is named `rule "group"."name": ` by 1.79, `rule "name": ` by current releases
+_RULE = re.compile(r'rule (?:"[^"]*"\.)?"(?P<rule>[^"]+)": ')
 _UNKNOWN = re.compile(r'unknown fields in (?:rule|group(?: "[^"]*")?): (?P<fields>[\w, ]+)$')
 _DRY_RUNS_MAX = 50
 
@@ -60,7 +63,7 @@ def _take_out(doc: dict[str, Any], complaint: str) -> dict[str, str]:
 
 def vmalert_rules(rule_files: list[Path], workdir: Path) -> tuple[list[Path], list[dict[str, str]]]:
     """Copies of `rule_files` that vmalert starts on, and each removal (file, group, rule, what, why)."""
-    vmalert = require_binary("vmalert", "victoria-metrics")
+    vmalert = releases.binary("vmalert")
     workdir.mkdir(parents=True, exist_ok=True)
     out, removals = [], []
     for source in rule_files:

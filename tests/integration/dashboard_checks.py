@@ -20,7 +20,7 @@ import yaml
 from flopwatch import dashboards
 from flopwatch.dashboards.common import LEGEND_LABEL
 from flopwatch.promql import PromClient, PromError
-from flopwatch.stack.process import require_binary
+from flopwatch.stack import releases
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Every rule file of alerts/: panels on recording rules and ALERTS need them.
@@ -62,7 +62,7 @@ def all_targets(variables: dict[str, dict[str, str]]) -> list[Target]:
 
 def promtool_parses(targets: list[Target], tmp_path: Path) -> None:
     """Each substituted query as a recording rule; `promtool check rules` must parse them all."""
-    promtool = require_binary("promtool", "prometheus")
+    promtool = releases.binary("promtool")
     rules = [{"record": f"dashboard:{t.uid.replace('-', '_')}:panel{t.panel['id']}_{t.target['refId']}",
               "expr": t.expr} for t in targets]
     path = tmp_path / "dashboard-queries.yml"

@@ -25,8 +25,7 @@ from flopwatch.catalog import Metric, by_name, metrics_of
 from flopwatch.catalog import agent as agent_catalog
 from flopwatch.catalog import gpu as gpu_catalog
 from flopwatch.promql import PromClient
-from flopwatch.stack import AgentProcess, Prometheus, free_port
-from flopwatch.stack.process import require_binary
+from flopwatch.stack import AgentProcess, Prometheus, free_port, releases
 from flopwatch.stack.servers import scrape_job
 
 pytestmark = pytest.mark.integration
@@ -137,7 +136,7 @@ def test_values_match_the_simulated_model(prometheus: PromClient) -> None:
 
 
 def test_promtool_check_metrics_prints_nothing(agent: AgentProcess) -> None:
-    promtool = require_binary("promtool", "prometheus")
+    promtool = releases.binary("promtool")
     body = fetch(agent.url + "/metrics")
     assert b"flopwatch_gpu_up" in body
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30, check=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flopwatch.stack.process import require_binary
+from flopwatch.stack import releases
 from flopwatch.stack.vmalert_rules import dry_run, vmalert_rules
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,9 +45,8 @@ def tiny_rules(folder: Path) -> dict[str, float]:
 
 
 def test_both_engines_measured_on_the_same_fleet(tmp_path: Path) -> None:
-    for binary, package in (("prometheus", "prometheus"), ("victoria-metrics", "victoria-metrics"),
-                            ("vmalert", "victoria-metrics"), ("prometheus-alertmanager", "prometheus-alertmanager")):
-        require_binary(binary, package)
+    for program in ("prometheus", "victoria-metrics", "vmalert", "alertmanager"):
+        releases.binary(program)
     intervals = tiny_rules(tmp_path / "rules")
     out = tmp_path / "out.json"
     done = subprocess.run([sys.executable, "-m", "bench.scale_prometheus", "--nodes", "2", "--seconds", "10",
@@ -110,7 +109,7 @@ def test_vmalert_rules_takes_out_what_vmalert_rejects_and_says_why(tmp_path: Pat
     assert "bad prometheus expr" in next(r["reason"] for r in removals if r["rule"] == "a:b")
     kept = yaml.safe_load(copies[0].read_text())
     assert [[rule.get("alert") or rule["record"] for rule in g["rules"]] for g in kept["groups"]] == [["Kept"], ["c:d"]]
-    assert dry_run(require_binary("vmalert", "victoria-metrics"), copies[0]) == []
+    assert dry_run(releases.binary("vmalert"), copies[0]) == []
 
 
 def test_unknown_engine_is_one_line_and_exit_2() -> None:
