@@ -148,6 +148,11 @@ def test_gpu_lost_stalls_the_job_then_it_restarts_and_redoes_lost_steps():
     assert truth.lost_steps > 0
     assert truth.badput_s["restart"] >= 180
     assert gpu_value(fleet, agent, "flopwatch_gpu_up", gpu="6") == 1
+    # the node's replayed steps and their seconds, as the agent's intake counts them: every redone
+    # step once per local rank, and the truth's lost-progress seconds once per local rank
+    assert gpu_value(fleet, agent, "flopwatch_train_replayed_steps_total", job_id="j") == truth.lost_steps * 8
+    assert gpu_value(fleet, agent, "flopwatch_train_replayed_step_seconds_total", job_id="j") == pytest.approx(
+        truth.badput_s["lost_progress"] * 8)
 
 
 def test_nic_faults_raise_the_matching_counters():

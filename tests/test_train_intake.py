@@ -6,6 +6,7 @@ Datagrams come from the real client (StepMonitor) over a real Unix socket, or st
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import math
 import os
@@ -426,3 +427,60 @@ def test_the_iteration_is_exported_per_rank_on_the_fast_path_too():
     intake.handle(_datagram(rank=1, steps=1, instance=2, iteration=51), now, 1010.0)
     intake.update()
     assert _Registry(intake).get("flopwatch_train_iteration", job_id="job-a", rank="1", gpu="") == 51
+
+
+def _replayed(intake: TrainIntake, job: str = "job-a") -> tuple[float | None, float | None]:
+    intake.update()
+    reg = _Registry(intake)
+    return (reg.get("flopwatch_train_replayed_steps_total", job_id=job),
+            reg.get("flopwatch_train_replayed_step_seconds_total", job_id=job))
+
+
+def test_a_replay_shorter_than_any_window_is_counted_step_by_step():
+    """A quick restart redoes 10 one-second steps between two datagrams of 10 s: every one is
+    counted, whatever the rules' evaluation clock (their high-water mark alone saw none)."""
+    intake = _intake()
+    now = time.monotonic()
+    intake.handle(_datagram(rank=0, steps=100, iteration=100), now, 1000.0)
+    assert _replayed(intake) == (0, 0)                 # a job that reports iterations: 0, not absent
+    # the process restarts from the checkpoint at iteration 90 and does 10 steps before it reports
+    intake.handle(_datagram(rank=0, steps=10, instance=2, iteration=100), now, 1020.0)
+    assert _replayed(intake) == (10, 10.0)
+    # then 5 new steps past the mark: none of them is a replay
+    intake.handle(_datagram(rank=0, steps=15, instance=2, iteration=105), now, 1025.0)
+    assert _replayed(intake) == (10, 10.0)
+
+
+def test_steps_that_pass_the_mark_count_only_up_to_it():
+    intake = _intake()
+    now = time.monotonic()
+    intake.handle(_datagram(rank=3, steps=50, iteration=200, seconds=2.0), now, 1000.0)
+    # restart from 180, 30 steps of 2 s: iterations 181-210, of which 181-200 redo old ones
+    intake.handle(_datagram(rank=3, steps=30, instance=2, iteration=210, seconds=2.0), now, 1100.0)
+    assert _replayed(intake) == (20, 40.0)
+
+
+def test_a_rollback_inside_the_same_process_is_a_replay_too():
+    intake = _intake()
+    now = time.monotonic()
+    for steps in (1, 2, 3, 4):
+        intake.handle(_datagram(rank=1, steps=steps, iteration=steps), now, 1000.0 + steps)
+    # an in-place restart: same process, same running totals, the iteration goes back to 2
+    intake.handle(_datagram(rank=1, steps=6, iteration=4), now, 1010.0)
+    assert _replayed(intake) == (2, 2.0)
+
+
+def test_replays_are_counted_per_rank_and_summed_per_job_and_never_go_back():
+    intake = _intake()
+    now = time.monotonic()
+    for rank in (0, 1):
+        intake.handle(_datagram(rank=rank, steps=10, iteration=10), now, 1000.0)
+    for rank in (0, 1):                                # both restart from iteration 6: 4 replays each
+        intake.handle(_datagram(rank=rank, steps=4, instance=2, iteration=10), now, 1010.0)
+    intake.handle(_datagram(job="job-b", rank=0, steps=3), now, 1000.0)   # no iterations reported
+    assert _replayed(intake) == (8, 8.0)
+    assert _replayed(intake, "job-b") == (None, None)
+    # rank 1 goes quiet and expires; the job's counters keep what it replayed
+    intake.options = dataclasses.replace(intake.options, expiry=0.0)
+    intake.handle(_datagram(rank=0, steps=5, instance=2, iteration=11), time.monotonic() + 1, 1020.0)
+    assert _replayed(intake) == (8, 8.0)

@@ -65,6 +65,21 @@ ITERATION = Metric(
     "restart from a checkpoint it starts below the iteration reached before, and steps done again "
     "until it passes that mark are lost progress. Absent for clients that do not report it.", RANK,
 )
+REPLAYED_STEPS = Metric(
+    "flopwatch_train_replayed_steps_total", "counter", "",
+    "Steps of this job's ranks on this node that redid iterations a rank had reached before (it "
+    "restarted from an older checkpoint, in a new process or in place), counted by the agent as they "
+    "arrive, so a replay shorter than any rule's window is still seen. The agent remembers each "
+    "rank's highest iteration while the job runs on this node; across the agent's own restarts the "
+    "rules' one-day high-water mark of flopwatch_train_iteration takes over. Present for jobs whose "
+    "clients report their iteration.", ("job_id",),
+)
+REPLAYED_STEP_SECONDS = Metric(
+    "flopwatch_train_replayed_step_seconds_total", "counter", "seconds",
+    "Step wall time of those replayed steps, summed over the job's ranks on this node as "
+    "flopwatch_train_step_seconds_sum is: its increase over that of the histogram's sum is the "
+    "share of step time lost to redoing iterations (lost progress).", ("job_id",),
+)
 LAST_STEP = Metric(
     "flopwatch_train_last_step_timestamp_seconds", "gauge", "seconds",
     "Unix time the agent received this rank's last completed step (a hang shows as a growing age).",

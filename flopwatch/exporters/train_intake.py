@@ -83,7 +83,8 @@ class _Rank:
 
 
 class _Job:
-    __slots__ = ("claims", "name", "ranks", "retired_buckets", "retired_seconds")
+    __slots__ = ("claims", "marks", "name", "ranks", "replayed_seconds", "replayed_steps", "retired_buckets",
+                 "retired_seconds")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -93,6 +94,11 @@ class _Job:
         # Histograms of ranks that restarted or expired while the job went on: keeps it monotonic.
         self.retired_buckets = [0] * wire.N_BUCKETS
         self.retired_seconds = 0.0
+        # rank -> the highest iteration it reported, kept across its restarts while the job lives
+        # here: steps at or below it are done again (lost progress), however short the replay.
+        self.marks: dict[int, int] = {}
+        self.replayed_steps = 0
+        self.replayed_seconds = 0.0
 
 
 _ge = operator.ge
@@ -113,6 +119,7 @@ T_SAVE, T_RESTORE, T_PHASES = wire.I_SAVE - _T, wire.I_RESTORE - _T, wire.I_PHAS
 class _Snapshot:
     ranks: tuple[tuple[str, str, str, str, str, tuple, float, float, float, float | None, int | None], ...] = ()
     jobs: tuple[tuple[str, tuple[int, ...], float], ...] = ()
+    replayed: tuple[tuple[str, int, float], ...] = ()     # jobs whose ranks report iterations
     accepted: int = 0
     rejected: tuple[tuple[str, int], ...] = ()
 
@@ -241,10 +248,35 @@ class TrainIntake:
             return
         if not state.bits or bits[0] > state.bits[0]:
             state.last_step = wall
+        if iteration is not None:
+            self._count_replayed(state, bits, iteration)
         state.bits = bits
         state.iteration = iteration
         state.seen = now
         self.accepted += 1
+
+    def _count_replayed(self, state: _Rank, bits: tuple[int, ...], iteration: int) -> None:
+        """Count the steps of this datagram that redo iterations the rank had reached before.
+
+        The datagram's new steps are the iterations (iteration - new steps, iteration]; those at or
+        below the rank's mark are replays, their step seconds in proportion. The common case (a rank
+        already past its mark, moving forward) costs two comparisons."""
+        record = self._jobs[state.key[0]]
+        mark = record.marks.get(state.rank)
+        record.marks[state.rank] = iteration if mark is None or iteration > mark else mark
+        if mark is None or (iteration > mark and state.bits and state.iteration is not None
+                            and state.iteration >= mark):
+            return                  # new to this agent, or moving on past its mark in the same process
+        new_steps = bits[0] - (state.bits[0] if state.bits else 0)
+        if new_steps <= 0:
+            return
+        replayed = min(new_steps, max(0, mark - (iteration - new_steps)))
+        if replayed:
+            seconds = wire.totals_of(bits)[T_STEP_SECONDS]
+            if state.bits:
+                seconds -= wire.totals_of(state.bits)[T_STEP_SECONDS]
+            record.replayed_steps += replayed
+            record.replayed_seconds += seconds * replayed / new_steps
 
     def _allowed(self, state: _Rank, now: float) -> bool:
         """The per-rank flood guard (a token bucket refilled at RATE_PER_S up to BURST)."""
@@ -352,7 +384,9 @@ class TrainIntake:
                 for i, count in enumerate(totals[T_BUCKETS:T_TOKENS], 1):
                     sums[i] += count
             jobs = tuple((self._jobs[job].name, tuple(sums[1:]), sums[0]) for job, sums in histograms.items())
-            self._snapshot = _Snapshot(tuple(ranks), jobs, self.accepted, tuple(self.rejected.items()))
+            replayed = tuple((record.name, record.replayed_steps, record.replayed_seconds)
+                             for record in self._jobs.values() if record.marks)
+            self._snapshot = _Snapshot(tuple(ranks), jobs, replayed, self.accepted, tuple(self.rejected.items()))
         return 1 if self.reader_failed else 0
 
     def collect(self) -> Iterator[Family]:
@@ -392,13 +426,17 @@ class TrainIntake:
                 running += count
                 cumulative.append((_le(bound), running))
             histogram.add_metric([node, job], cumulative, seconds)
+        replayed_steps, replayed_seconds = m.REPLAYED_STEPS.family(), m.REPLAYED_STEP_SECONDS.family()
+        for job, count, seconds in snap.replayed:
+            replayed_steps.add_metric([node, job], count)
+            replayed_seconds.add_metric([node, job], seconds)
         accepted = m.EVENTS_ACCEPTED.family()
         accepted.add_metric([node], snap.accepted)
         rejected = m.EVENTS_REJECTED.family()
         for reason, count in snap.rejected:
             rejected.add_metric([node, reason], count)
         for family in (steps, tokens, model, hardware, phase, arrival, checkpoint, last, comm_min, iteration,
-                       histogram, per_step, dropped, accepted, rejected):
+                       histogram, replayed_steps, replayed_seconds, per_step, dropped, accepted, rejected):
             if family.samples:
                 yield family
 

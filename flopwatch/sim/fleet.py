@@ -51,6 +51,8 @@ class RankCounters:
     comm_block_steps: int = 0
     comm_min_ready: bool = False                 # a block has completed: the gauge exists
     iteration: int = 0                           # the job's training iteration of the last step
+    replayed_steps: int = 0                      # steps that redid iterations (as the agent counts them)
+    replayed_seconds: float = 0.0                # their step wall time, per rank
 
     def __post_init__(self) -> None:
         r = self.ranks
@@ -83,6 +85,9 @@ class RankCounters:
         self.step_buckets += np.array([step.wall <= bound for bound in STEP_BUCKETS])
         self.step_sum += step.wall
         self.step_count += 1
+        if step.lost:
+            self.replayed_steps += 1
+            self.replayed_seconds += step.wall
 
 
 @dataclass

@@ -151,6 +151,9 @@ class SimTrainCollector(_NodeCollector):
             m.COMM_MIN: c.comm_min[ranks].tolist() if c.comm_min_ready else [],
             m.ITERATION: [float(c.iteration)] * local,
             m.FLOPS_PER_STEP: [runner.flops_per_step / runner.ranks] * local,
+            # per node and job, over its local ranks (the intake sums its ranks' replays the same way)
+            m.REPLAYED_STEPS: [float(c.replayed_steps * local)],
+            m.REPLAYED_STEP_SECONDS: [c.replayed_seconds * local],
         }
         for metric, found in values.items():
             if not found:
@@ -181,7 +184,8 @@ class SimTrainCollector(_NodeCollector):
         return {**per_rank, m.PHASE_SECONDS: [(*key, phase) for key in labels for phase in PHASES],
                 m.CHECKPOINT_SECONDS: [(*key, "save") for key, kept in zip(labels, saved, strict=True) if kept],
                 m.COMM_MIN: labels if comm_min else [],
-                m.FLOPS_PER_STEP: [(key[0], key[1], key[2], "analytic") for key in labels]}
+                m.FLOPS_PER_STEP: [(key[0], key[1], key[2], "analytic") for key in labels],
+                m.REPLAYED_STEPS: [labels[0][:2]], m.REPLAYED_STEP_SECONDS: [labels[0][:2]]}
 
     def collect(self) -> Iterator[Family]:
         return self.blocks().families()
