@@ -27,7 +27,8 @@ from flopwatch.catalog import train as m
 from flopwatch.config import TrainOptions
 from flopwatch.errors import UsageError
 from flopwatch.exporters.agent import Agent
-from flopwatch.exporters.train_intake import BURST, REASONS, IntakeError, TrainIntake, open_socket
+from flopwatch.exporters.train_intake import BURST, REASONS, TrainIntake
+from flopwatch.exporters.train_socket import IntakeError, open_socket
 from flopwatch.exporters.wiring import build_agent
 from flopwatch.train import StepMonitor, wire
 

@@ -17,14 +17,10 @@ Sample output (one rank, abridged):
 
 from __future__ import annotations
 
-import contextlib
-import grp
 import logging
 import operator
-import os
 import select
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +31,8 @@ from prometheus_client.core import Metric as Family
 
 from flopwatch.catalog import train as m
 from flopwatch.config import TrainOptions
+from flopwatch.exporters.train_replays import JobReplays
+from flopwatch.exporters.train_socket import open_socket
 from flopwatch.train import wire
 
 log = logging.getLogger(__name__)
@@ -54,11 +52,6 @@ IDLE_AFTER_S = 0.1             # no event for this long: block in poll() again
 NEARLY_FULL = 8                # a drain that found this many goes again at once
 TRICKLE = 4                    # a drain that found at most this many keeps the timer
 RECV_SIZE = wire.MAX_DATAGRAM + 1   # one byte more than the largest valid datagram: oversize shows
-SOCKET_MODE = 0o660            # owner and group only
-
-
-class IntakeError(RuntimeError):
-    """The intake socket cannot be opened; the message says why and what to do."""
 
 
 class _Rank:
@@ -83,8 +76,7 @@ class _Rank:
 
 
 class _Job:
-    __slots__ = ("claims", "marks", "name", "ranks", "replayed_seconds", "replayed_steps", "retired_buckets",
-                 "retired_seconds")
+    __slots__ = ("claims", "name", "ranks", "replays", "retired_buckets", "retired_seconds")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -94,11 +86,7 @@ class _Job:
         # Histograms of ranks that restarted or expired while the job went on: keeps it monotonic.
         self.retired_buckets = [0] * wire.N_BUCKETS
         self.retired_seconds = 0.0
-        # rank -> the highest iteration it reported, kept across its restarts while the job lives
-        # here: steps at or below it are done again (lost progress), however short the replay.
-        self.marks: dict[int, int] = {}
-        self.replayed_steps = 0
-        self.replayed_seconds = 0.0
+        self.replays = JobReplays()          # steps that redo iterations (lost progress)
 
 
 _ge = operator.ge
@@ -249,34 +237,11 @@ class TrainIntake:
         if not state.bits or bits[0] > state.bits[0]:
             state.last_step = wall
         if iteration is not None:
-            self._count_replayed(state, bits, iteration)
+            self._jobs[state.key[0]].replays.observe(state.rank, iteration, state.iteration, bits, state.bits)
         state.bits = bits
         state.iteration = iteration
         state.seen = now
         self.accepted += 1
-
-    def _count_replayed(self, state: _Rank, bits: tuple[int, ...], iteration: int) -> None:
-        """Count the steps of this datagram that redo iterations the rank had reached before.
-
-        The datagram's new steps are the iterations (iteration - new steps, iteration]; those at or
-        below the rank's mark are replays, their step seconds in proportion. The common case (a rank
-        already past its mark, moving forward) costs two comparisons."""
-        record = self._jobs[state.key[0]]
-        mark = record.marks.get(state.rank)
-        record.marks[state.rank] = iteration if mark is None or iteration > mark else mark
-        if mark is None or (iteration > mark and state.bits and state.iteration is not None
-                            and state.iteration >= mark):
-            return                  # new to this agent, or moving on past its mark in the same process
-        new_steps = bits[0] - (state.bits[0] if state.bits else 0)
-        if new_steps <= 0:
-            return
-        replayed = min(new_steps, max(0, mark - (iteration - new_steps)))
-        if replayed:
-            seconds = wire.totals_of(bits)[T_STEP_SECONDS]
-            if state.bits:
-                seconds -= wire.totals_of(state.bits)[T_STEP_SECONDS]
-            record.replayed_steps += replayed
-            record.replayed_seconds += seconds * replayed / new_steps
 
     def _allowed(self, state: _Rank, now: float) -> bool:
         """The per-rank flood guard (a token bucket refilled at RATE_PER_S up to BURST)."""
@@ -384,8 +349,8 @@ class TrainIntake:
                 for i, count in enumerate(totals[T_BUCKETS:T_TOKENS], 1):
                     sums[i] += count
             jobs = tuple((self._jobs[job].name, tuple(sums[1:]), sums[0]) for job, sums in histograms.items())
-            replayed = tuple((record.name, record.replayed_steps, record.replayed_seconds)
-                             for record in self._jobs.values() if record.marks)
+            replayed = tuple((record.name, record.replays.steps, record.replays.seconds)
+                             for record in self._jobs.values() if record.replays.marks)
             self._snapshot = _Snapshot(tuple(ranks), jobs, replayed, self.accepted, tuple(self.rejected.items()))
         return 1 if self.reader_failed else 0
 
@@ -464,74 +429,3 @@ def _coordinates(record: tuple) -> tuple[int, int, int] | None:
 
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
-
-
-def open_socket(path: Path, group: str | None) -> tuple[socket.socket, int]:
-    """Bind a non-blocking datagram socket at `path`, mode 0660 (and `group`) from the first moment.
-
-    It is bound under a temporary name, given its mode and group, then renamed into place, so no
-    client ever sees it with looser permissions. A stale socket is replaced; a live one (another
-    agent) or a file that is not a socket is left alone and reported.
-    """
-    gid = _group_id(group) if group is not None else -1
-    directory = path.parent
-    try:
-        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise IntakeError(f"{directory} is not a directory; set train.socket to a path in a directory") from None
-    except OSError as error:
-        raise IntakeError(f"cannot create {directory} for the training-step socket ({error.strerror}); "
-                          "run the agent as root or set train.socket to a writable path") from None
-    info = directory.stat()
-    shared = info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX
-    if info.st_uid not in (0, os.geteuid()) or shared:
-        raise IntakeError(f"{directory} is writable by others or owned by another user; refusing to put "
-                          "the training-step socket there (set train.socket to a private directory)")
-    _clear_stale(path)
-    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        temporary.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        sock.bind(str(temporary))
-        os.chmod(temporary, SOCKET_MODE)
-        if gid >= 0:
-            os.chown(temporary, -1, gid)
-        os.rename(temporary, path)
-        sock.setblocking(False)
-    except OSError as error:
-        sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
-        raise IntakeError(f"cannot open the training-step socket {path} ({error.strerror}); check the "
-                          "directory's permissions and train.socket_group") from None
-    return sock, path.stat().st_ino
-
-
-def _clear_stale(path: Path) -> None:
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(info.st_mode):
-        raise IntakeError(f"{path} exists and is not a socket; remove it or set train.socket elsewhere")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        probe.connect(str(path))
-    except ConnectionRefusedError:
-        path.unlink()             # left behind by an agent that died: take it over
-        return
-    except OSError as error:
-        raise IntakeError(f"cannot check the existing socket {path} ({error.strerror})") from None
-    finally:
-        probe.close()
-    raise IntakeError(f"another process is already reading {path} (a second agent?); stop it or set "
-                      "train.socket to another path")
-
-
-def _group_id(group: str) -> int:
-    try:
-        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise IntakeError(f"train.socket_group {group!r} is not a group on this host; create it or "
-                          "give an existing group name or id") from None

@@ -45,7 +45,8 @@ def build_agent(config: cfg.AgentConfig) -> Agent:
 
     collectors += fabric_collectors(config, collectors)
     if config.collectors.get("train", False):   # last: it starts a socket reader thread
-        from flopwatch.exporters.train_intake import IntakeError, TrainIntake
+        from flopwatch.exporters.train_intake import TrainIntake
+        from flopwatch.exporters.train_socket import IntakeError
 
         try:
             collectors.append(TrainIntake(config.train, config.node))
