@@ -42,3 +42,18 @@ def parse_duration(value: object, where: str, bare_seconds: bool = True) -> floa
         raise DurationError(f"{where}: expected a duration like {EXAMPLES}, got {value!r}")
     return float(sum(int(n) * unit for n, unit in zip(match.groups(), _UNIT_SECONDS, strict=True) if n))
 
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest Prometheus duration of `seconds` in hours, minutes, seconds and milliseconds
+    (240 -> `4m`, 90 -> `1m30s`, 7.5 -> `7s500ms`): the inverse of `parse_duration`, for durations
+    computed into PromQL."""
+    left = round(seconds * 1000)
+    if left <= 0:
+        return "0s"
+    parts = []
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)

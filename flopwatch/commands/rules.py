@@ -52,6 +52,8 @@ def run_build(args: argparse.Namespace) -> int:
     dashboards_dir = Path(args.dashboards) if args.dashboards else rules_dir.resolve().parent / "dashboards"
     try:
         settings = config.load(args.config)
+        for warning in build.warnings(settings):
+            log.warning("%s: %s", args.config or "the defaults", warning)
         if args.check:
             stale = build.stale(settings, rules_dir, dashboards_dir)
             if stale:

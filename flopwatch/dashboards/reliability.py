@@ -139,8 +139,9 @@ def _alerts_and_agents(board: c.Board) -> None:
         c.timeseries_panel(
             "Agents known and up", "FlopWatch agents seen in the last hour (by their flopwatch_build_info) "
             "and those Prometheus scraped successfully. A gap is a node whose GPUs, NICs and ranks go "
-            "unobserved (FlopWatchAgentDown after 2 minutes).", c.COUNT, width=6)
-        .links(board.runbooks("FlopWatchAgentDown"))
+            "unobserved (FlopWatchAgentDown after 2 minutes). FlopWatchScrapeIntervalTooCoarse tickets a scrape "
+            "job scraped less often than the rules were built for.", c.COUNT, width=6)
+        .links(board.runbooks("FlopWatchAgentDown", "FlopWatchScrapeIntervalTooCoarse"))
         .with_target(c.query(f"count(max by (instance, job) (last_over_time(flopwatch_build_info{NODE}[1h])))",
                              "known", "A"))
         .with_target(c.query(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flopwatch.mixin import render
+from flopwatch.mixin import render, scrape
 from flopwatch.mixin.config import MixinConfig
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -43,6 +43,14 @@ def rules(config: MixinConfig, templates: Path = TEMPLATES) -> dict[str, str]:
             body = render.add_selectors(body, config)
         out[name] = body if body.startswith(OWN_HEADER) else render.generated_header(name, comment) + body
     return out
+
+
+def warnings(config: MixinConfig, templates: Path = TEMPLATES) -> list[str]:
+    """What the rules of `config` cannot do as the settings say (a window too short for the scrape
+    interval, read wider): one line each, for the build to print rather than emit a rule that
+    stays empty."""
+    texts = [(templates / name).read_text(encoding="utf-8") for name, _ in template_names(templates)]
+    return scrape.narrow_settings(config, scrape.Scrape.of(config.scrape_interval), texts)
 
 
 def _queries(node: Any, config: MixinConfig) -> Any:

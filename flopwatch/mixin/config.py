@@ -20,7 +20,7 @@ import yaml
 
 from flopwatch import catalog, durations, yamlfile
 from flopwatch.config import ConfigError
-from flopwatch.mixin import names
+from flopwatch.mixin import names, scrape
 
 #: A Prometheus duration as written in PromQL (`30s`, `1m30s`, `6h`).
 Duration = NewType("Duration", str)
@@ -28,6 +28,8 @@ Duration = NewType("Duration", str)
 Selector = NewType("Selector", str)
 #: An absolute http(s) URL without a trailing slash.
 Url = NewType("Url", str)
+#: The interval at which Prometheus scrapes FlopWatch's targets: a Duration from 1s to 1m.
+ScrapeInterval = NewType("ScrapeInterval", str)
 #: A Prometheus label name (`cluster`, `site`).
 LabelName = NewType("LabelName", str)
 #: The `dtype` label value of the peak FLOP/s that MFU divides by (bf16, fp16, fp8, tf32...).
@@ -192,6 +194,8 @@ class Interruptions:
 
 @dataclass(frozen=True)
 class MixinConfig:
+    #: The interval the rules' windows and evaluation intervals are derived for (flopwatch/mixin/scrape.py).
+    scrape_interval: ScrapeInterval = ScrapeInterval("5s")
     selectors: Selectors = field(default_factory=Selectors)
     labels: Labels = field(default_factory=Labels)
     dtype: Dtype = Dtype("bf16")
@@ -226,6 +230,16 @@ def _scalar(kind: Any, value: Any) -> tuple[Any, str]:
         except ValueError:
             return None, "a Prometheus duration like 30s, 5m, 1m30s or 6h"
         return text, ""
+    if kind is ScrapeInterval:
+        try:
+            ok = scrape.MINIMUM_SECONDS <= duration_seconds(text or "") <= scrape.MAXIMUM_SECONDS
+        except ValueError:
+            ok = False
+        return (text if ok else None), (
+            f"a Prometheus duration from {durations.format_duration(scrape.MINIMUM_SECONDS)} to "
+            f"{durations.format_duration(scrape.MAXIMUM_SECONDS)}: the scrape_interval Prometheus uses for "
+            "FlopWatch's agents (for a coarser one the rules cannot hold their windows: scrape the agents at "
+            f"least every {durations.format_duration(scrape.MAXIMUM_SECONDS)})")
     if kind is Selector:
         ok = text is not None and _SELECTOR.match(text) is not None
         return (", ".join(part.strip() for part in _split_matchers(text)) if ok else None), \
@@ -253,6 +267,10 @@ def _split_matchers(text: str) -> list[str]:
     return [match.group(0) for match in re.finditer(_MATCHER, text)]
 
 
+#: Top-level sections of the same settings file that other commands read and check themselves.
+OTHER_SECTIONS = {"remediation": "flopwatch remediate (flopwatch/remediate/settings.py)"}
+
+
 def _build(cls: type, node: yaml.Node, path: Path, where: str) -> Any:
     """An instance of dataclass `cls` from a YAML mapping node; unknown keys and bad values fail."""
     hints = typing.get_type_hints(cls)
@@ -265,6 +283,8 @@ def _build(cls: type, node: yaml.Node, path: Path, where: str) -> Any:
         key = key_node.value
         dotted = f"{where}.{key}" if where else key
         line = key_node.start_mark.line + 1
+        if not where and key in OTHER_SECTIONS:
+            continue
         if key not in fields:
             raise ConfigError(f"{path}:{line}: unknown setting {dotted!r} (known here: {', '.join(fields)})")
         kind = hints[fields[key]]

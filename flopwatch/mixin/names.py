@@ -16,6 +16,7 @@ ALERTS: tuple[str, ...] = (
     "FlopWatchPcieDegraded", "FlopWatchGpuThrottled", "FlopWatchIbSymbolErrors", "FlopWatchIbLinkDowned",
     "FlopWatchIbLinkFlapping", "FlopWatchJobMfuRegression", "FlopWatchTrainingStalled",
     "FlopWatchGoodputLow", "FlopWatchIdleAllocatedGpus", "FlopWatchAgentDown", "FlopWatchCollectorErrors",
+    "FlopWatchScrapeIntervalTooCoarse",
     "FlopWatchPipelineImbalance", "FlopWatchCheckpointIntervalOff",
     "FlopWatchSwitchDegraded", "FlopWatchUplinkDegraded", "FlopWatchSpineDegraded",
 )

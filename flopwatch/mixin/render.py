@@ -21,8 +21,10 @@ import jinja2
 
 from flopwatch import xid
 from flopwatch.catalog.gpu import CLOCK_EVENT_BITS
+from flopwatch.durations import format_duration
 from flopwatch.mixin.config import MixinConfig, Selector, duration_seconds
 from flopwatch.mixin.promql import clock_events_from_mask
+from flopwatch.mixin.scrape import Scrape
 
 #: Raw-series name patterns per selector (MixinConfig.selectors field).
 SERIES = {"agent": r"flopwatch_[a-z0-9_]+", "dcgm": r"DCGM_(?:FI|EXP)_[A-Z0-9_]+"}
@@ -132,11 +134,13 @@ def environment(templates: Path, config: MixinConfig) -> jinja2.Environment:
         comment_start_string="[#", comment_end_string="#]", keep_trailing_newline=True, autoescape=False,
         trim_blocks=True, lstrip_blocks=True,
     )
+    scrape = Scrape.of(config.scrape_interval)
     env.filters.update(num=number, pct=percent, seconds=seconds, words=words, window=lambda d: f"[{d}]",
+                       span=lambda d: f"[{scrape.span(d)}]", duration=format_duration,
                        sel=lambda name, kind: select(name, getattr(config.selectors, kind)))
     env.globals.update(
         input_label=lambda kind, label, default: input_label(getattr(config.selectors, kind), label, default),
-        c=config, sev=config.severities, runbooks=config.urls.runbooks,
+        c=config, scrape=scrape, sev=config.severities, runbooks=config.urls.runbooks,
         xid_actions=xid.action_template, xid_page_regex=xid.page_regex, clock_event_bits=CLOCK_EVENT_BITS,
         clock_events_from_mask=clock_events_from_mask,
     )
