@@ -42,7 +42,8 @@ Group = tuple[tuple[Labels, ...], list[float] | np.ndarray]
 SCRAPE_JOB = "flopwatch"
 
 TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.CHECKPOINT_SECONDS,
-                 t.LAST_STEP, t.COMM_MIN, t.ITERATION, t.FLOPS_PER_STEP, t.STEP_SECONDS)
+                 t.LAST_STEP, t.COMM_MIN, t.ITERATION, t.FLOPS_PER_STEP, t.STEP_SECONDS, t.REPLAYED_STEPS,
+                 t.REPLAYED_STEP_SECONDS)
 
 
 def supported_names() -> set[str]:
@@ -254,12 +255,9 @@ class FastSampler:
             for i, phase in enumerate(PHASES):
                 keys = [(*key, phase) for key in rank_keys]
                 yield self._job_group(t.PHASE_SECONDS, job_id, phase, keys), c.phase_seconds[i, ranks]
-        if t.CHECKPOINT_SECONDS.name in self.wanted:
-            saved = c.checkpoint_seconds[ranks]
-            keep = saved > 0
-            if keep.any():
-                keys = [(*key, "save") for key, k in zip(rank_keys, keep, strict=True) if k]
-                yield self._job_group(t.CHECKPOINT_SECONDS, job_id, f"save{int(keep.sum())}", keys), saved[keep]
+        if t.CHECKPOINT_SECONDS.name in self.wanted:   # from the first step, as the agent's intake
+            keys = [(*key, "save") for key in rank_keys]
+            yield self._job_group(t.CHECKPOINT_SECONDS, job_id, "save", keys), c.checkpoint_seconds[ranks]
         if t.FLOPS_PER_STEP.name in self.wanted:
             keys = [(node, job, rank, "analytic") for node, job, rank, *_ in rank_keys]
             yield (self._job_group(t.FLOPS_PER_STEP, job_id, "", keys),
@@ -274,7 +272,7 @@ class FastSampler:
     def _histogram(self, state: JobState, placed: list[tuple[SimNode, int]]) -> Iterator[Group]:
         hist = t.STEP_SECONDS
         names = [hist.name + suffix for suffix in ("_bucket", "_count", "_sum")]
-        if not any(name in self.wanted for name in names):
+        if not any(name in self.wanted for name in (*names, t.REPLAYED_STEPS.name, t.REPLAYED_STEP_SECONDS.name)):
             return
         c = state.counters
         gpn = state.runner.fleet.gpus_per_node
@@ -286,8 +284,11 @@ class FastSampler:
                 self.labels.get(names[0], (*hist.all_labels, "le"), (node.name, job_id, le))
                 for node, _ in placed for le in bounds))
             yield labels, [v for n in local for v in (c.step_buckets * n).tolist()]
-        for name, per_rank in ((names[1], float(c.step_buckets[-1])), (names[2], c.step_sum)):
+        per_node = ((names[1], hist.all_labels, float(c.step_buckets[-1])), (names[2], hist.all_labels, c.step_sum),
+                    (t.REPLAYED_STEPS.name, t.REPLAYED_STEPS.all_labels, float(c.replayed_steps)),
+                    (t.REPLAYED_STEP_SECONDS.name, t.REPLAYED_STEP_SECONDS.all_labels, c.replayed_seconds))
+        for name, label_names, per_rank in per_node:   # one series per node and job, summed over its ranks
             if name in self.wanted:
-                labels = self._group((name, job_id, len(placed)), lambda name=name: tuple(
-                    self.labels.get(name, hist.all_labels, (node.name, job_id)) for node, _ in placed))
+                labels = self._group((name, job_id, len(placed)), lambda name=name, label_names=label_names: tuple(
+                    self.labels.get(name, label_names, (node.name, job_id)) for node, _ in placed))
                 yield labels, [float(per_rank * n) for n in local]

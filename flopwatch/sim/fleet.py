@@ -392,7 +392,10 @@ class Fleet:
             gpu.restore()
             if state is not None:
                 runner = state.runner
-                runner.restart(fault.end + RESTART_DELAY_S, runner.steps_since_checkpoint)
+                resume = fault.end + RESTART_DELAY_S
+                # the job holds its GPUs, idle, until it resumes: restart badput, as the rules read it
+                state.truth.add_badput("restart", resume - max(runner.clock, t))
+                runner.restart(resume, runner.steps_since_checkpoint)
         if not fault.start <= t < fault.end:
             return
         kind, slowdown = fault.kind, fault.slowdown

@@ -130,16 +130,16 @@ class SimTrainCollector(_NodeCollector):
 
     def _job_blocks(self, out: Blocks, state: JobState, position: int) -> None:
         """One job's series on this node, a metric at a time over its ranks (label tuples cached
-        per job, per whether the comm floor exists and which ranks have saved a checkpoint)."""
+        per job and per whether the comm floor exists). Checkpoint seconds are there from the first
+        step, at 0 until a save, as the agent's intake exports them: a counter that first shows up
+        at the length of a save would lose that save to every rate()."""
         m = train_metrics
         c, runner = state.counters, state.runner
         ranks, labels = self._ranks(state, position)
-        saved = c.checkpoint_seconds[ranks]
-        keep = saved > 0
-        key = (runner.spec.id, position, c.comm_min_ready, tuple(keep.tolist()))
+        key = (runner.spec.id, position, c.comm_min_ready)
         series = self._series.get(key)
         if series is None:
-            series = self._series[key] = self._job_series(labels, c.comm_min_ready, keep.tolist())
+            series = self._series[key] = self._job_series(labels, c.comm_min_ready)
         local = len(labels)
         phases = c.phase_seconds[:, ranks]         # this node's ranks first: a job has thousands
         values: dict[Metric, list[float]] = {
@@ -147,7 +147,7 @@ class SimTrainCollector(_NodeCollector):
             m.MODEL_FLOPS: c.model_flops[ranks].tolist(), m.HARDWARE_FLOPS: c.hardware_flops[ranks].tolist(),
             m.PHASE_SECONDS: phases.T.ravel().tolist(),
             m.ARRIVAL_SECONDS: phases[list(ARRIVAL_INDEX)].sum(axis=0).tolist(),
-            m.CHECKPOINT_SECONDS: saved[keep].tolist(), m.LAST_STEP: c.last_step_time[ranks].tolist(),
+            m.CHECKPOINT_SECONDS: c.checkpoint_seconds[ranks].tolist(), m.LAST_STEP: c.last_step_time[ranks].tolist(),
             m.COMM_MIN: c.comm_min[ranks].tolist() if c.comm_min_ready else [],
             m.ITERATION: [float(c.iteration)] * local,
             m.FLOPS_PER_STEP: [runner.flops_per_step / runner.ranks] * local,
@@ -177,12 +177,12 @@ class SimTrainCollector(_NodeCollector):
         out.values[m.STEP_SECONDS] = [*counts, counts[-1], float(c.step_sum * local)]
 
     @staticmethod
-    def _job_series(labels: list[tuple[str, ...]], comm_min: bool, saved: list[bool]) -> dict[Metric, list]:
+    def _job_series(labels: list[tuple[str, ...]], comm_min: bool) -> dict[Metric, list]:
         m = train_metrics
         per_rank = {metric: labels for metric in (m.STEPS, m.TOKENS, m.MODEL_FLOPS, m.HARDWARE_FLOPS, m.ARRIVAL_SECONDS,
                                                   m.LAST_STEP, m.ITERATION)}
         return {**per_rank, m.PHASE_SECONDS: [(*key, phase) for key in labels for phase in PHASES],
-                m.CHECKPOINT_SECONDS: [(*key, "save") for key, kept in zip(labels, saved, strict=True) if kept],
+                m.CHECKPOINT_SECONDS: [(*key, "save") for key in labels],
                 m.COMM_MIN: labels if comm_min else [],
                 m.FLOPS_PER_STEP: [(key[0], key[1], key[2], "analytic") for key in labels],
                 m.REPLAYED_STEPS: [labels[0][:2]], m.REPLAYED_STEP_SECONDS: [labels[0][:2]]}
