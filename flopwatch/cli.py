@@ -96,6 +96,15 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "or absent, DCGM, the NIC and host collectors, the training-step socket and the Slurm mapping "
         "directory. Exit 0: every GPU read; 1: a GPU could not be read; 2: no GPU backend or bad usage.",
     ),
+    Subcommand(
+        "remediate",
+        "drain nodes FlopWatch's alerts name in Slurm or Kubernetes, hold them, return them (dry-run by default)",
+        "Take Alertmanager's webhooks and reconcile against its API; by the policy in the settings file's "
+        "remediation: section, drain a node (Slurm State=DRAIN with a flopwatch: reason, or a Kubernetes cordon "
+        "and taint) and return it once its alerts cleared, a hold-down passed and a health check passed. A circuit "
+        "breaker, switch escalation and lemon holds keep it safe; `undo` returns what it drained "
+        "(docs/remediation.md).",
+    ),
 )
 
 

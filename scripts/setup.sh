@@ -12,6 +12,12 @@ declare -A DEB_BINARIES=(
   [victoria-metrics]=victoria-metrics
   [prometheus-node-exporter]=prometheus-node-exporter
   [chromium]=chromium            # report.pdf and the report's browser tests (about 30 s, 0.5 GB)
+  # A real Slurm on loopback for `flopwatch remediate`'s tests (flopwatch/stack/slurm.py); the
+  # packages' own services are not started in a container without an init system.
+  [munge]=munged
+  [slurmctld]=slurmctld
+  [slurmd]=slurmd
+  [slurm-client]=scontrol
 )
 missing=()
 for pkg in "${!DEB_BINARIES[@]}"; do

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("commands",),
     ("detect",),
-    ("sim", "mixin"),
+    ("sim", "mixin", "remediate"),
     ("exporters", "report", "dashboards"),
     ("catalog", "config", "stack", "train", "promql", "topology", "traces", "xid", "hardware", "resources",
      "errors", "logs", "durations", "yamlfile", "mixin.names", "mixin.promql", "__init__"),

@@ -16,9 +16,9 @@ __all__ = ["COMMON_LABELS", "Metric", "MetricType", "all_metrics", "by_name", "m
 
 
 def _modules() -> list[ModuleType]:
-    from flopwatch.catalog import agent, fabric, gpu, host, job, nic, sink, train
+    from flopwatch.catalog import agent, fabric, gpu, host, job, nic, remediate, sink, train
 
-    return [agent, gpu, nic, fabric, host, job, train, sink]
+    return [agent, gpu, nic, fabric, host, job, train, sink, remediate]
 
 
 def all_metrics() -> Iterator[tuple[str, Metric]]:

@@ -1,8 +1,9 @@
 """A small asyncio HTTP/1.1 server for pre-rendered payloads (the agent's and the simulator's).
 
 Scrapes only copy bytes that the collection loop rendered, so this stays at a few hundred
-microseconds per request with keep-alive. It accepts GET and HEAD, bounds request size and idle
-time, answers malformed requests with 400/405/431 and counts every answer by status code.
+microseconds per request with keep-alive. It accepts GET and HEAD (and POST where a `post` handler
+is given: `flopwatch remediate`'s webhook), bounds request size and idle time, answers malformed
+requests with 400/405/413/431 and counts every answer by status code.
 
 With an `Access` (the agent's web config, flopwatch/exporters/webconfig.py) each connection is
 upgraded to TLS before its first request, and every request's credentials are checked before
@@ -44,6 +45,8 @@ class Response:
 
 
 Router = Callable[[str], Response]
+#: (path, body) -> response, for POST; called on the server's event loop thread, so it must be quick.
+PostHandler = Callable[[str, bytes], Response]
 
 
 class Access(Protocol):
@@ -65,10 +68,13 @@ _DENIED = {
 class HttpServer:
     """Serves `router(path)` on (host, port) from a background thread with its own event loop."""
 
-    def __init__(self, host: str, port: int, router: Router, access: Access | None = None) -> None:
+    def __init__(self, host: str, port: int, router: Router, access: Access | None = None, *,
+                 post: PostHandler | None = None, max_body: int = MAX_BODY_BYTES) -> None:
         self.host, self.port = host, port
         self.router = router
         self.access = access
+        self.post = post
+        self.max_body = max_body
         self.responses: Counter[int] = Counter()
         self.tls_failures: Counter[str] = Counter()  # refused or lost TLS handshakes, by reason
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -175,12 +181,15 @@ class HttpServer:
             await self._send(writer, Response(400, b"malformed HTTP request\n", "text/plain"),
                              head_only=False, keep_alive=False)
             return False
-        if length > MAX_BODY_BYTES:
+        if length > self.max_body:
             await self._send(writer, Response(413, b"request body too large\n", "text/plain"),
                              head_only=False, keep_alive=False)
             return False
-        if length:
-            await reader.readexactly(length)
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                body = await reader.readexactly(length) if length else b""
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+            return False
         connection = headers.get("connection", "").lower()
         keep_alive = connection != "close" and (version == "HTTP/1.1" or connection == "keep-alive")
         if self.access is not None:  # before routing: nothing is served, not even a 404, to strangers
@@ -189,13 +198,14 @@ class HttpServer:
                 denied, extra = _DENIED[status]
                 await self._send(writer, denied, head_only=method == "HEAD", keep_alive=keep_alive, extra=extra)
                 return keep_alive
-        if method not in ("GET", "HEAD"):
-            await self._send(writer, Response(405, b"only GET and HEAD\n", "text/plain"),
-                             head_only=False, keep_alive=keep_alive, extra="Allow: GET, HEAD\r\n")
+        allowed = ("GET", "HEAD", "POST") if self.post is not None else ("GET", "HEAD")
+        if method not in allowed:
+            await self._send(writer, Response(405, f"only {', '.join(allowed)}\n".encode(), "text/plain"),
+                             head_only=False, keep_alive=keep_alive, extra=f"Allow: {', '.join(allowed)}\r\n")
             return keep_alive
         path = target.split("?", 1)[0]
         try:
-            response = self.router(path)
+            response = self.post(path, body) if method == "POST" and self.post is not None else self.router(path)
         except Exception:  # a router bug must not kill the server
             log.exception("error answering %s", path)
             response = Response(503, b"internal error, see the agent's log\n", "text/plain")

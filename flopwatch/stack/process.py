@@ -149,6 +149,10 @@ class ServerProcess:
     def prepare(self) -> None:
         """Write config files into workdir before the process starts."""
 
+    def environment(self) -> dict[str, str] | None:
+        """The process's environment (None: this program's own)."""
+        return None
+
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> Self:
         command = self.command()
@@ -156,7 +160,7 @@ class ServerProcess:
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [*command, *self.args()], cwd=self.workdir, stdout=log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, env=self.environment(),
             )
         with _LIVE_LOCK:
             _LIVE.add(self)

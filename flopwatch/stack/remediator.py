@@ -1,0 +1,58 @@
+"""`flopwatch remediate run` as its own process, for integration tests that need the service as
+users run it (signals, SIGKILL and restart, its HTTP webhook), started like the other servers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from flopwatch.stack.process import ServerError, ServerProcess
+
+
+class RemediateProcess(ServerProcess):
+    """`flopwatch remediate run --config FILE` of this Python environment; ready when /-/ready answers.
+    `env` adds to the environment (SLURM_CONF for a test cluster)."""
+
+    binary = "flopwatch"
+    package = "flopwatch (pip install -e . into this virtual environment)"
+    ready_path = "/-/ready"
+
+    def __init__(self, config: Path, *, env: Mapping[str, str] | None = None, extra: Sequence[str] = (),
+                 port: int | None = None) -> None:
+        super().__init__(port)
+        self.config, self.env, self.extra = config, dict(env or {}), list(extra)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Ready when /-/ready answers: 200, or 401 behind a web config with basic auth."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerError(f"flopwatch remediate exited with code {self.proc.returncode} while starting:\n"
+                                  f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=2):
+                    pass
+                return
+            except urllib.error.HTTPError as error:
+                if error.code == 401:
+                    return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"flopwatch remediate not ready at {self.url} after {timeout:g}s:\n{self.log_tail()}")
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def command(self) -> list[str]:
+        script = Path(sys.executable).parent / "flopwatch"
+        return [str(script)] if script.exists() else [sys.executable, "-m", "flopwatch"]
+
+    def args(self) -> list[str]:
+        return ["remediate", "run", "--config", str(self.config), "--listen", f"{self.host}:{self.port}",
+                "--log-level", "debug", *self.extra]
