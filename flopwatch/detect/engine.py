@@ -7,6 +7,12 @@ a stretch at a time; each recording rule, in dependency order, is evaluated with
 stale markers where a series ends), so the next rule reads it as it would in a live Prometheus;
 then each alert expression is range-queried and `for:` applied (alerts.py). All PromQL is
 Prometheus's own.
+
+A tick's samples are stamped SCRAPE_LEAD_MS before that tick's evaluations, as a live Prometheus
+scrapes at each target's own offset and never at the very millisecond a rule group evaluates: a
+range window then holds the samples it holds live, the same in Prometheus 2 (windows closed on
+the left) and 3 (open on the left): six 5 s samples in `[30s]`, not seven in 2.x and six in 3.x.
+Recorded series are written at the evaluation steps themselves, as Prometheus writes them.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ log = logging.getLogger(__name__)
 #: Simulated time starts here (2023-11-14): fixed, so runs are reproducible; Prometheus retention
 #: counts from the newest sample, not from the wall clock.
 START_UNIX = 1_700_000_000.0
+#: How long before a tick's evaluations its samples are stamped (milliseconds: Prometheus's unit).
+SCRAPE_LEAD_MS = 1
 #: Recording rules whose results the scorer needs, kept as they are evaluated.
 OBSERVED = ("job_id:flopwatch_mfu:ratio", "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_badput:ratio",
             "job_id:flopwatch_step_time_lost:ratio",
@@ -176,9 +184,10 @@ class PrometheusEngine:
 
     def __init__(self, rules: RuleSet, *, chunk: float = 900.0, exact: bool = False,
                  batch_samples: int = 2_000_000, threads: int = 2, observe: tuple[str, ...] = OBSERVED,
-                 produced: set[str] | None = None) -> None:
+                 produced: set[str] | None = None, scrape_lead_ms: int = SCRAPE_LEAD_MS) -> None:
         """`observe`: recording rules whose results to keep; `produced`: the series names the
-        sources scrape (default: what a simulated node exports)."""
+        sources scrape (default: what a simulated node exports); `scrape_lead_ms`: samples stamped
+        this long before the evaluations of their tick (0: on them, as in promtool's tests)."""
         self.all_rules = rules
         self.observe = observe
         self.rules = rules.needed(observe)
@@ -192,6 +201,7 @@ class PrometheusEngine:
         self.wanted = self.referenced & (producible_names() if produced is None else produced)
         self.selectors = selectors(exprs, self.wanted)
         self.produced = produced
+        self.scrape_lead_ms = scrape_lead_ms
 
     def _for_exporter(self, exporter: str) -> None:
         """What the rules read of a fleet whose GPUs are behind `exporter` (scenario `fleet.exporter`)."""
@@ -254,7 +264,7 @@ class PrometheusEngine:
                 lo = source.now_unix
                 for _ in range(min(per_chunk, ticks - done)):
                     source.advance(dt)
-                    recorder.add(round(source.now_unix * 1000), source.sample())
+                    recorder.add(round(source.now_unix * 1000) - self.scrape_lead_ms, source.sample())
                     done += 1
                 hi = source.now_unix
                 block = recorder.flush()

@@ -3,13 +3,20 @@
 Every sample the engine would write becomes a promtool input series (time 0 = scenario start,
 one value per scrape, `_` where a series is absent, `stale` where it ends); every alert is asked
 for at every evaluation step with `exp_alerts: []`, so promtool's failure output lists exactly what
-was firing, with labels and templated annotations. promtool evaluates the rule groups itself
-(its own `for:` handling included), so agreement with the engine checks the engine end to end.
-promtool caps a query at 10,000 samples: only small scenarios fit.
+was firing, with labels and templated annotations. promtool evaluates the rules itself (its own
+`for:` handling included), so agreement with the engine checks the engine end to end.
+
+promtool evaluates every group at the test file's one interval, and the groups in an order of its
+own (map order: a different one each run) unless the file names one. So the rules go to promtool
+as one group in the rule set's order (each recording rule after those it reads, as the engine
+evaluates them) at the set's smallest interval, and the engine is compared running the same
+schedule (`same_schedule`): the two must then agree exactly, step for step. promtool caps a query
+at 10,000 samples: only small scenarios fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import struct
@@ -23,7 +30,7 @@ import yaml
 from flopwatch.detect.alerts import Episode
 from flopwatch.detect.engine import PrometheusEngine, exact_nodes_for
 from flopwatch.detect.remote_write import STALE_NAN_BITS
-from flopwatch.detect.rules import RuleSet
+from flopwatch.detect.rules import Rule, RuleSet
 from flopwatch.detect.sampler import FleetSampler, Recorder, keep_by
 from flopwatch.durations import parse_duration
 from flopwatch.sim.fleet import Fleet
@@ -61,6 +68,39 @@ def _is_stale(value: float) -> bool:
     return struct.unpack("<Q", struct.pack("<d", value))[0] == STALE_NAN_BITS
 
 
+def same_schedule(rules: RuleSet) -> RuleSet:
+    """`rules` as promtool evaluates them: every rule at the set's smallest interval."""
+    fastest = min(rules.intervals())
+    return RuleSet([dataclasses.replace(rule, interval=fastest) for rule in rules.rules], rules.files)
+
+
+def comparable_engine(rules: RuleSet) -> PrometheusEngine:
+    """The engine run that `run(scenario, engine.rules)` must agree with exactly: the same schedule,
+    and samples stamped on the evaluation steps as promtool's input series are."""
+    return PrometheusEngine(same_schedule(rules), scrape_lead_ms=0)
+
+
+def _rule_item(rule: Rule) -> dict[str, object]:
+    item: dict[str, object] = {rule.kind: rule.name, "expr": rule.expr}
+    if rule.hold:
+        item["for"] = f"{rule.hold:g}s"
+    if rule.keep_firing:
+        item["keep_firing_for"] = f"{rule.keep_firing:g}s"
+    if rule.labels:
+        item["labels"] = dict(rule.labels)
+    if rule.annotations:
+        item["annotations"] = dict(rule.annotations)
+    return item
+
+
+def rule_file(rules: RuleSet, interval: float, path: Path) -> Path:
+    """`rules` as one group evaluated every `interval`, in their order (see the module docstring)."""
+    group = {"name": "flopwatch-cross-check", "interval": f"{interval:g}s",
+             "rules": [_rule_item(rule) for rule in rules.rules]}
+    path.write_text(yaml.safe_dump({"groups": [group]}, sort_keys=False, width=1 << 30))
+    return path
+
+
 def test_file(scenario: Scenario, rules: RuleSet, workdir: Path, exact: bool = False) -> tuple[Path, list[float]]:
     """Write the promtool test for `scenario`; returns it and the evaluation times (seconds)."""
     engine = PrometheusEngine(rules, exact=exact)
@@ -85,7 +125,7 @@ def test_file(scenario: Scenario, rules: RuleSet, workdir: Path, exact: bool = F
     names = sorted({rule.name for rule in rules.alerting})
     tests = [{"eval_time": f"{t:g}s", "alertname": name, "exp_alerts": []} for t in steps for name in names]
     document = {
-        "rule_files": [str(path.resolve()) for path in rules.files],
+        "rule_files": [str(rule_file(rules, interval, workdir / "bench-rules.yml").resolve())],
         "evaluation_interval": f"{interval:g}s",
         "tests": [{"interval": f"{dt:g}s", "input_series": series, "alert_rule_test": tests}],
     }

@@ -1,8 +1,10 @@
 """The node agent as users run it (`flopwatch agent`, a real subprocess) under a real Prometheus.
 
 Only the GPUs are simulated (`--backend sim`: no GPU, NVML or DCGM can run here); the console
-script, its HTTP server, config handling and signal handling are the real ones, and Prometheus
-(Debian package `prometheus`) and promtool scrape and check what it serves on 127.0.0.1.
+script, its HTTP server, config handling and signal handling are the real ones, and Prometheus and
+promtool scrape and check what it serves on 127.0.0.1, in both releases FlopWatch supports
+(`server_release`: Debian's Prometheus 2.42 and the current upstream one, which refuses a scrape
+whose Content-Type it cannot parse).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def agent() -> Iterator[AgentProcess]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(agent: AgentProcess) -> Iterator[PromClient]:
+def prometheus(agent: AgentProcess, server_release: str) -> Iterator[PromClient]:
     target = f"127.0.0.1:{agent.port}"
     with Prometheus([scrape_job(JOB, [target], interval="1s")]) as server:
         client = PromClient(server.url)
@@ -135,7 +137,7 @@ def test_values_match_the_simulated_model(prometheus: PromClient) -> None:
     assert [s.value for s in up] == [1.0] * GPUS
 
 
-def test_promtool_check_metrics_prints_nothing(agent: AgentProcess) -> None:
+def test_promtool_check_metrics_prints_nothing(agent: AgentProcess, server_release: str) -> None:
     promtool = releases.binary("promtool")
     body = fetch(agent.url + "/metrics")
     assert b"flopwatch_gpu_up" in body

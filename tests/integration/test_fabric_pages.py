@@ -3,12 +3,14 @@ as a real Alertmanager sends them to a webhook, with the shipped inhibitions and
 
 The alerts are real: the detection engine evaluates alerts/ in a real Prometheus over a simulated
 rail-optimised fabric whose leaf flaps every port (the GPUs, NICs and switches are simulated). The
-episodes are then replayed into a real Alertmanager (Debian `prometheus-alertmanager`, routed by
-alerts/alertmanager.yml, receivers pointed at a local webhook) on the wall clock, SCALE wall
-seconds per simulated second, as Prometheus would send them: each alert posted when it fires,
-posted again resolved when it resolves. Group waits and intervals are scaled alike and set so no
-flush falls on an evaluation step (5 s apart): flushes land halfway between two steps, so
-Alertmanager's own timing jitter cannot reorder an alert and a flush.
+episodes are then replayed into a real Alertmanager (routed by alerts/alertmanager.yml, receivers
+pointed at a local webhook) on the wall clock, SCALE wall seconds per simulated second, as
+Prometheus would send them: each alert posted when it fires, posted again resolved when it
+resolves. Group waits and intervals are scaled alike and set so no flush falls on an evaluation
+step (5 s apart): flushes land halfway between two steps, so Alertmanager's own timing jitter
+cannot reorder an alert and a flush. Both run in each release FlopWatch supports
+(`server_release`: Debian's Prometheus 2.42 and Alertmanager 0.25, and the current upstream ones),
+so the shipped routes and inhibitions are checked against each Alertmanager.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ SCENARIO = {
 
 
 @pytest.fixture(scope="module")
-def fired() -> tuple[list[Episode], float]:
-    """The shipped rules' alert episodes over the scenario, and its start (unix seconds)."""
+def fired(server_release: str) -> tuple[list[Episode], float]:
+    """The shipped rules' alert episodes over the scenario, and its start (unix seconds), from the
+    release's Prometheus (its Alertmanager then gets them)."""
     _, result = run_scenario(parse(SCENARIO), ROOT / "alerts")
     return result.episodes, result.start_unix
 

@@ -1,21 +1,28 @@
-"""flopwatch.stack starts real servers from Debian's packages and leaves nothing behind."""
+"""flopwatch.stack starts real servers and leaves nothing behind, in both releases it supports
+(`server_release`: Debian's packages and the current upstream builds; the node exporter is Debian's
+in both)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import urllib.request
 
 import pytest
 from helpers import wait_for
 
 from flopwatch.promql import PromClient, PromError
-from flopwatch.stack import Alertmanager, MissingBinary, NodeExporter, Prometheus, VictoriaMetrics, free_port
+from flopwatch.stack import Alertmanager, MissingBinary, NodeExporter, Prometheus, VictoriaMetrics, free_port, releases
 from flopwatch.stack.process import ServerProcess
 
 pytestmark = pytest.mark.integration
+
+#: Debian bookworm's packages (the current release's versions are its pins, releases.version()).
+DEBIAN_VERSIONS = {"prometheus": "2.42.0", "alertmanager": "0.25.0"}
 
 
 def alive(pid: int) -> bool:
@@ -31,9 +38,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("server_class", [Prometheus, VictoriaMetrics, NodeExporter])
-def test_servers_start_ready_and_stop_cleanly(server_class):
-    server = server_class()
+def starts_ready_and_stops_cleanly(server: ServerProcess) -> None:
     with server:
         pid = server.proc.pid
         assert server.running()
@@ -42,13 +47,34 @@ def test_servers_start_ready_and_stop_cleanly(server_class):
     assert not workdir.exists()
 
 
-def test_alertmanager_starts_with_a_config():
-    config = {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
-    with Alertmanager(config) as am:
-        assert am.running()
+@pytest.mark.parametrize("server_class", [Prometheus, VictoriaMetrics])
+def test_servers_start_ready_and_stop_cleanly(server_class, server_release):
+    starts_ready_and_stops_cleanly(server_class())
 
 
-def test_prometheus_answers_queries_and_scrapes_itself():
+def test_alertmanager_starts_with_a_config_and_stops_cleanly(server_release):
+    starts_ready_and_stops_cleanly(Alertmanager({"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}))
+
+
+def test_each_release_runs_its_own_build(server_release):
+    """The matrix is real: the servers started under a release report that release's version."""
+    def answer_of(url: str) -> dict:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return json.load(answer)
+
+    expected = {program: DEBIAN_VERSIONS[program] if server_release == "debian"
+                else releases.version(program, server_release) for program in DEBIAN_VERSIONS}
+    with Prometheus() as prom, Alertmanager({"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}) as am:
+        running = {"prometheus": answer_of(prom.url + "/api/v1/status/buildinfo")["data"]["version"],
+                   "alertmanager": answer_of(am.url + "/api/v2/status")["versionInfo"]["version"]}
+    assert {program: v.split("+")[0] for program, v in running.items()} == expected
+
+
+def test_node_exporter_starts_ready_and_stops_cleanly():
+    starts_ready_and_stops_cleanly(NodeExporter())
+
+
+def test_prometheus_answers_queries_and_scrapes_itself(server_release):
     with Prometheus([{"job_name": "self", "static_configs": [{"targets": ["127.0.0.1:1"]}]}]) as prom:
         client = PromClient(prom.url)
         assert client.scalar("1 + 1") == 2
@@ -70,14 +96,14 @@ def test_missing_binary_names_the_debian_package():
         Nothing().start()
 
 
-def test_server_that_exits_early_reports_its_log():
+def test_server_that_exits_early_reports_its_log(server_release):
     broken = Prometheus(extra_args=["--no-such-flag"])
     with pytest.raises(Exception, match="exited with code"):
         broken.start(timeout=10)
     assert not broken.running()
 
 
-def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path):
+def test_ctrl_c_in_a_user_process_leaves_no_server(tmp_path, server_release):
     """A program using the stack is interrupted: its atexit/cleanup stops the servers."""
     pid_file = tmp_path / "pid"
     # Python leaves SIGINT ignored when it starts with it ignored (a runner launched in the
