@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -190,6 +191,30 @@ class VmAlert(ReleasedServer):
             *(["-rule.evalDelay=0s"] if self.upstream else []),
             *self.extra_args,
         ]
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every rule vmalert runs, as /api/v1/rules describes it (`group` added): name, type,
+        lastError and lastEvaluation in both releases; keep_firing_for only in the current one."""
+        with urllib.request.urlopen(self.url + "/api/v1/rules", timeout=10) as answer:
+            groups = json.load(answer)["data"]["groups"]
+        return [{**rule, "group": group["name"]} for group in groups for rule in group["rules"]]
+
+    def rule_errors(self) -> dict[str, str]:
+        """Each rule whose last evaluation failed ("group/rule") -> vmalert's error, read from the API
+        because the per-rule metrics were renamed (1.79's `vmalert_*_rules_error` gauges are
+        `vmalert_*_rules_errors_total` counters in the current release)."""
+        return {f"{rule['group']}/{rule['name']}": rule["lastError"] for rule in self.rules() if rule.get("lastError")}
+
+    def failed_executions(self) -> float:
+        """Rule evaluations that failed since vmalert started (`vmalert_execution_errors_total`, the
+        same counter in both releases): a rule that failed once and then recovered counts here."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as answer:
+            lines = answer.read().decode().splitlines()
+        name = "vmalert_execution_errors_total"
+        counted = [float(line.split()[1]) for line in lines if line.split(" ", 1)[0] == name]
+        if not counted:
+            raise LookupError(f"{self.url}/metrics has no {name}")
+        return counted[0]
 
 
 class NodeExporter(ServerProcess):

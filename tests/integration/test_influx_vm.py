@@ -1,6 +1,8 @@
-"""The InfluxDB sink against a real server speaking the v2 write API: Debian's VictoriaMetrics
-(`/api/v2/write`; Debian's own InfluxDB is 1.x and has no v2 API). Points are read back through
-VictoriaMetrics' export API and compared sample by sample with what the agent exported.
+"""The InfluxDB sink against a real server speaking the v2 write API: VictoriaMetrics
+(`/api/v2/write`; Debian's own InfluxDB is 1.x and has no v2 API), in both releases (the
+`server_release` matrix: Debian's 1.79 and the current one built by scripts/build-servers.sh).
+Points are read back through VictoriaMetrics' export API and compared sample by sample with what
+the agent exported.
 
 Only the GPUs are simulated (the agent's `sim` backend); the agent, influxdb-client and the server
 are the real ones.
@@ -27,7 +29,7 @@ from flopwatch.exporters.influx import InfluxSink
 from flopwatch.exporters.wiring import build_agent
 from flopwatch.stack import AgentProcess, VictoriaMetrics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("server_release")]
 
 Series = tuple[str, tuple[tuple[str, str], ...]]
 

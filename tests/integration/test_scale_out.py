@@ -1,15 +1,17 @@
 """Scale-out: a simulated fleet scraped by Prometheus, remote-written to VictoriaMetrics, with the
 recording rules of alerts/ evaluated twice: by Prometheus over its own TSDB, and by vmalert over
-VictoriaMetrics. The MFU rules must agree, so either place can hold the global rules.
+VictoriaMetrics. The MFU rules must agree, so either place can hold the global rules, and no rule
+fails to evaluate in vmalert.
 
-Only the GPUs are simulated (flopwatch's fleet simulator serves one target per node); Prometheus,
-VictoriaMetrics, vmalert and Alertmanager are the Debian packages.
+Both releases (the `server_release` matrix): Debian's packages (Prometheus 2.42, VictoriaMetrics
+and vmalert 1.79, Alertmanager 0.25) and the current ones built by scripts/build-servers.sh. Only
+the GPUs are simulated (flopwatch's fleet simulator serves one target per node); Prometheus,
+VictoriaMetrics, vmalert and Alertmanager are real.
 """
 
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from flopwatch.stack import Alertmanager, Prometheus, VictoriaMetrics, VmAlert
 from flopwatch.stack.vmalert_rules import vmalert_rules
 from integration.fleets import serving, two_jobs_48_gpus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("server_release")]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted(ROOT.glob("alerts/flopwatch-*.yml"))
@@ -66,7 +68,8 @@ def test_mfu_rules_in_vmalert_over_victoria_metrics_agree_with_prometheus(tmp_pa
             vm.start()
             prometheus.config["remote_write"][0]["url"] = f"{vm.url}/api/v1/write"
             prometheus.start()
-            # Debian's vmalert 1.79 predates keep_firing_for (the fabric alerts): taken out for it.
+            # Debian's vmalert 1.79 predates keep_firing_for (the fabric alerts): taken out for it
+            # (tests/integration/test_vmalert.py holds what each release takes out).
             vmalert_files, _ = vmalert_rules(RULE_FILES, tmp_path / "vmalert-rules")
             vmalert = VmAlert(vmalert_files, vm.url, notifiers=[alertmanager.url], external_labels={"ruler": "vmalert"})
             vmalert.start()
@@ -99,9 +102,11 @@ def test_mfu_rules_in_vmalert_over_victoria_metrics_agree_with_prometheus(tmp_pa
             mfu = by_labels(prom, "job_id:flopwatch_mfu:ratio")
             assert mfu[(("job_id", "job-a"),)] == pytest.approx(0.42, abs=0.03)
             assert mfu[(("job_id", "job-b"),)] == pytest.approx(0.30, abs=0.03)
-            errors = [line for line in urllib.request.urlopen(vmalert.url + "/metrics", timeout=10).read().decode()
-                      .splitlines() if line.startswith("vmalert_recording_rules_error{")]
-            assert errors and all(line.endswith(" 0") for line in errors), [e for e in errors if not e.endswith(" 0")]
+            # no rule has failed in vmalert's own account, the compared ones among those run (the
+            # daily and weekly groups, at 5 minutes, may not have run yet)
+            evaluated = {rule["name"] for rule in vmalert.rules() if not rule["lastEvaluation"].startswith("0001-")}
+            assert set(COMPARED) <= evaluated
+            assert (vmalert.rule_errors(), vmalert.failed_executions()) == ({}, 0)
             assert vmalert.running()
         finally:
             prometheus.stop()       # before the server it remote-writes to

@@ -6,8 +6,9 @@ names) to one VictoriaMetrics, the global store. A third Prometheus scrapes the 
 the reference. Global MFU computed from the shards' sums must equal the reference's own rules:
 numerators and denominators add across shards, ratios do not.
 
-Only the GPUs are simulated (flopwatch's fleet simulator); Prometheus and VictoriaMetrics are the
-Debian packages.
+Both releases (the `server_release` matrix): Debian's packages (Prometheus 2.42, VictoriaMetrics
+1.79) and the current ones built by scripts/build-servers.sh. Only the GPUs are simulated
+(flopwatch's fleet simulator); Prometheus and VictoriaMetrics are real.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from flopwatch.sim.serve import FleetServer
 from flopwatch.stack import Prometheus, VictoriaMetrics
 from integration.fleets import serving, two_jobs_48_gpus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("server_release")]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted(ROOT.glob("alerts/flopwatch-*.yml"))
