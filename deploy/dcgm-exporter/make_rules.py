@@ -30,6 +30,10 @@ MIG_SLICES = 7
 CLOCK_TABLE = "model:flopwatch_gpu_sm_clock_max_hertz:hardware"
 MODEL_RECORD = "node_gpu_model:flopwatch_gpu_info:dcgm"
 REASONS_RECORD = "node_gpu:flopwatch_gpu_clock_event_reasons:dcgm"
+INDEX_RECORD = "instance:flopwatch_gpu_index:dcgm_max"
+#: GPU indexes checked for gaps (a GPU missing from the first scrape): 0 to 15, the most GPUs one node
+#: has; a node with more is checked below its 16th.
+MAX_GPUS = 16
 PEAK_TABLE = "model_dtype:flopwatch_gpu_peak_dense_flops:hardware"
 #: A 1-minute rate window, and the groups' intervals, as the mixin's scrape helper widens them for a
 #: coarser scrape (flopwatch/mixin/scrape.py; `[1m]` and the intervals below at the default 5s).
@@ -121,15 +125,33 @@ def fast_rules() -> list[dict]:
 
 
 def state_rules() -> list[dict]:
-    """Every 15 s: tensor activity and which GPUs are present."""
+    """Every 15 s: tensor activity and which GPUs are present, lost, or missing from the start."""
+    hb = heartbeat()
+    host = "job, instance, node, Hostname, hostname"
+    # The highest GPU index each exporter reports, highest first: `or` keeps its left side.
+    top = "\nor ".join(f'group by ({host}) ({hb}{{gpu="{k}"}}) * 0 + {k}' for k in reversed(range(MAX_GPUS)))
+    # GPU k is missing where the exporter (a target: job and instance) reports a higher index but
+    # nothing of k (MIG instances of k carry gpu="k" too): exact matchers per index, and
+    # label_replace only over the gaps found.
+    gaps = "(\n" + "\nor ".join(
+        f'label_replace({INDEX_RECORD} > {k} unless on (job, instance) group by (job, instance) ({hb}{{gpu="{k}"}}),'
+        f' "gpu", "{k}", "", "")' for k in range(MAX_GPUS - 1)) + "\n)"
+    # A GPU DCGM lists (its XID series, which comes with the driver's event) but reads nothing from;
+    # matched on the raw labels first, so only those few are normalised.
+    xid_only = norm(f"DCGM_FI_DEV_XID_ERRORS unless on (job, instance, gpu, GPU_I_ID) {hb}")
     return [
         gauge("node_gpu:flopwatch_gpu_tensor_active_ratio:dcgm", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
-        # Present GPUs 1; a GPU whose series stopped within the hour while its exporter's target is
-        # still up 0 (dcgm-exporter drops a GPU's series once DCGM reads blanks from it).
+        {"record": INDEX_RECORD, "expr": top},
+        # Present GPUs 1. Lost 0: a GPU whose series stopped within the hour while its exporter's
+        # target is still up (dcgm-exporter drops a GPU's series once DCGM reads blanks from it), and,
+        # already lost when watching starts, a GPU with only its XID series or an index missing below
+        # the highest one its exporter reports (DCGM numbers a node's GPUs 0, 1, ... in PCI order).
         {"record": "node_gpu:flopwatch_gpu_up:dcgm",
-         "expr": f"group by (node, gpu) ({norm(heartbeat())})\nor on (node, gpu)\n"
-                 f"0 * group by (node, gpu) ({norm(f'last_over_time({heartbeat()}[1h])')}"
-                 " and on (instance) (up == 1))"},
+         "expr": f"group by (node, gpu) ({norm(hb)})\nor on (node, gpu)\n"
+                 f"0 * group by (node, gpu) ({norm(f'last_over_time({hb}[1h])')}"
+                 " and on (instance) (up == 1))\nor on (node, gpu)\n"
+                 f"0 * group by (node, gpu) ({xid_only})\nor on (node, gpu)\n"
+                 f"0 * group by (node, gpu) ({norm(gaps)})"},
     ]
 
 
@@ -171,11 +193,19 @@ def job_rule() -> dict:
 
 
 def xid_rules() -> list[dict]:
-    """XIDs: the gauge holds the last XID, `err_code` its code (3.3.6 and later); a new code is an XID."""
+    """XIDs: the gauge holds the last XID, `err_code` its code (3.3.6 and later); a new code is an XID.
+
+    A GPU already showing a page code (flopwatch/xid.py) when it comes into view counts too: the gauge
+    holds the code until the driver is reset, so that GPU still needs what the code asks for. A
+    held ticket code (an application's 13, 31, 43, ...) says nothing of the GPU now and does not."""
     current = norm('label_replace(DCGM_FI_DEV_XID_ERRORS > 0, "xid", "$1", "err_code", "(.+)")')
     earlier = norm('label_replace(last_over_time(DCGM_FI_DEV_XID_ERRORS[1h] offset 5m),'
                    ' "xid", "$1", "err_code", "(.+)")')
     shown_5m = norm('last_over_time(DCGM_FI_DEV_XID_ERRORS[5m])')
+    # Exact err_code matchers, so these read only the few series holding a page code.
+    page = 'DCGM_FI_DEV_XID_ERRORS{err_code=~"[[ xid_page_regex() ]]"}'
+    page_now = norm(f'label_replace({page} > 0, "xid", "$1", "err_code", "(.+)")')
+    page_earlier = norm(f'label_replace(last_over_time({page}[1h] offset 5m), "xid", "$1", "err_code", "(.+)")')
     return [{
         "record": "node_gpu_xid:flopwatch_gpu_xid_errors:dcgm",
         "expr": (
@@ -183,7 +213,10 @@ def xid_rules() -> list[dict]:
             f"unless on (node, gpu, xid) group by (node, gpu, xid) ({earlier})\n"
             "and on (node, gpu)\n(\n"
             f"  count by (node, gpu) (group by (node, gpu, err_code) ({shown_5m})) >= 2\n"
-            f"  or on (node, gpu) group by (node, gpu) ({norm(f'last_over_time({heartbeat()}[1h] offset 5m)')})\n)"),
+            f"  or on (node, gpu) group by (node, gpu) ({norm(f'last_over_time({heartbeat()}[1h] offset 5m)')})\n)\n"
+            "or on (node, gpu, xid)\n"
+            f"group by (node, gpu, xid) ({page_now})\n"
+            f"unless on (node, gpu, xid) group by (node, gpu, xid) ({page_earlier})"),
     }]
 
 

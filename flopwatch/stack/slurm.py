@@ -36,6 +36,9 @@ from flopwatch.stack.process import ServerError, ServerProcess, free_port, requi
 CLIENTS = {"sinfo": "slurm-client", "scontrol": "slurm-client", "sbatch": "slurm-client",
            "squeue": "slurm-client", "scancel": "slurm-client"}
 CLIENT_TIMEOUT_S = 15.0
+#: What a node's GPUs are in gres.conf: slurmd refuses a File= that is not a character or block
+#: device, and no GPU exists here, so each GPU is a link to one of these (one device per GPU).
+STAND_IN_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom")
 
 
 class _Daemon(ServerProcess):
@@ -71,15 +74,23 @@ class SlurmCluster:
     """munged + slurmctld + one slurmd per node on 127.0.0.1, with one partition of every node.
 
     `topology`, when given, is a topology.conf text: Slurm loads it (topology/tree) and it is kept
-    at `topology_path` for readers of the fabric."""
+    at `topology_path` for readers of the fabric. `gpus` gives every node a GRES of type gpu with
+    that many devices: no GPU exists here, so each is a link to a character device standing in for
+    it (gres.conf `AutoDetect=off`, `File=`), which is all Slurm needs to allocate and number them.
+    `prolog` and `epilog` are scripts slurmd runs at each job's allocation (`PrologFlags=Alloc`) and
+    end, as the job's node would."""
 
     def __init__(self, nodes: Sequence[str], *, partition: str = "gpu", topology: str | None = None,
-                 workdir: Path | None = None) -> None:
+                 workdir: Path | None = None, gpus: int = 0, prolog: Path | None = None,
+                 epilog: Path | None = None) -> None:
         if not nodes:
             raise ValueError("a Slurm cluster needs at least one node")
+        if gpus > len(STAND_IN_DEVICES):
+            raise ValueError(f"at most {len(STAND_IN_DEVICES)} stand-in GPUs per node, not {gpus}")
         self.nodes = list(nodes)
         self.partition = partition
         self.topology = topology
+        self.gpus, self.prolog, self.epilog = gpus, prolog, epilog
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="flopwatch-slurm-"))
         self.host = socket.gethostname().split(".")[0]
@@ -95,6 +106,11 @@ class SlurmCluster:
     @property
     def topology_path(self) -> Path:
         return self.workdir / "topology.conf"
+
+    @property
+    def gres_path(self) -> Path:
+        """gres.conf: Slurm reads it from slurm.conf's directory."""
+        return self.workdir / "gres.conf"
 
     @property
     def munge_socket(self) -> Path:
@@ -120,8 +136,15 @@ class SlurmCluster:
             "MailProg=/bin/true", "MessageTimeout=5", "SlurmdTimeout=60", "InactiveLimit=0", "KillWait=2",
             f"TopologyPlugin=topology/{'tree' if self.topology else 'none'}",
         ]
+        if self.gpus:
+            lines.append("GresTypes=gpu")
+        if self.prolog:
+            lines += [f"Prolog={self.prolog}", "PrologFlags=Alloc"]
+        if self.epilog:
+            lines.append(f"Epilog={self.epilog}")
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         lines += [f"NodeName={node} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={port} CPUs=1 "
-                  "RealMemory=100 State=UNKNOWN" for node, port in self.node_ports.items()]
+                  f"RealMemory=100{gres} State=UNKNOWN" for node, port in self.node_ports.items()]
         lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
@@ -161,6 +184,17 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         self.conf_path.write_text(self.slurm_conf())
+        if self.gpus:
+            devices = self.workdir / "dev"
+            devices.mkdir(exist_ok=True)
+            lines = ["AutoDetect=off"]
+            for node in self.nodes:
+                for index, target in zip(range(self.gpus), STAND_IN_DEVICES, strict=False):
+                    link = devices / f"{node}-nvidia{index}"
+                    if not link.is_symlink():
+                        link.symlink_to(target)
+                lines.append(f"NodeName={node} Name=gpu File={devices}/{node}-nvidia[0-{self.gpus - 1}]")
+            self.gres_path.write_text("\n".join(lines) + "\n")
         if self.topology:
             self.topology_path.write_text(self.topology)
 
@@ -217,10 +251,11 @@ class SlurmCluster:
             states[node] = (state, "" if reason == "none" else reason)
         return states
 
-    def submit(self, node: str, command: str = "sleep 600") -> str:
-        """Submit a batch job pinned to `node`; its id."""
+    def submit(self, node: str, command: str = "sleep 600", *, gpus: int = 0) -> str:
+        """Submit a batch job pinned to `node` (with `gpus` of its GPUs); its id."""
         out = self.client("sbatch", "--parsable", f"--nodelist={node}", f"--output={self.workdir}/jobs/%j.out",
-                          f"--chdir={self.workdir}/jobs", f"--wrap={command}")
+                          f"--chdir={self.workdir}/jobs", *([f"--gres=gpu:{gpus}"] if gpus else []),
+                          f"--wrap={command}")
         return out.strip().split(";")[0]
 
     def jobs(self) -> dict[str, tuple[str, str]]:
