@@ -11,7 +11,10 @@ from typing import Any
 import yaml
 
 from flopwatch.stack import releases
-from flopwatch.stack.process import ServerProcess
+from flopwatch.stack.process import ServerProcess, free_port
+
+#: The external label that tells a Prometheus HA pair's replicas apart (dropped from their alerts).
+REPLICA_LABEL = "replica"
 
 
 def scrape_job(name: str, targets: Sequence[str], metrics_path: str = "/metrics",
@@ -47,7 +50,7 @@ class ReleasedServer(ServerProcess):
 
 class Prometheus(ReleasedServer):
     """prometheus (Debian package `prometheus`, or Prometheus 3 built from its module), with
-    optional rules and Alertmanager."""
+    optional rules and Alertmanager. A `replica` is one server of an HA pair (see ha_pair())."""
 
     binary = "prometheus"
     program = "prometheus"
@@ -57,7 +60,7 @@ class Prometheus(ReleasedServer):
     def __init__(self, scrape_configs: Sequence[dict[str, Any]] = (), *,
                  rule_files: Sequence[str | Path] = (), alertmanagers: Sequence[str] = (),
                  scrape_interval: str = "1s", evaluation_interval: str = "1s",
-                 external_labels: dict[str, str] | None = None,
+                 external_labels: dict[str, str] | None = None, replica: str | None = None,
                  remote_write: Sequence[dict[str, Any]] = (), extra_args: Sequence[str] = (),
                  remote_write_receiver: bool = False, out_of_order_window: str | None = None,
                  port: int | None = None, workdir: Path | None = None) -> None:
@@ -67,6 +70,8 @@ class Prometheus(ReleasedServer):
                        "scrape_timeout": scrape_interval},
             "scrape_configs": list(scrape_configs),
         }
+        if replica is not None:     # the pair's servers differ in this label only ...
+            external_labels = {**(external_labels or {}), REPLICA_LABEL: replica}
         if external_labels:
             self.config["global"]["external_labels"] = external_labels
         if rule_files:
@@ -74,6 +79,8 @@ class Prometheus(ReleasedServer):
         if alertmanagers:
             self.config["alerting"] = {"alertmanagers": [{"static_configs": [
                 {"targets": [url.removeprefix("http://") for url in alertmanagers]}]}]}
+            if replica is not None:  # ... which their alerts leave out: to Alertmanager both send one alert
+                self.config["alerting"]["alert_relabel_configs"] = [{"regex": REPLICA_LABEL, "action": "labeldrop"}]
         if remote_write:
             self.config["remote_write"] = list(remote_write)
         if out_of_order_window:
@@ -107,19 +114,53 @@ class Prometheus(ReleasedServer):
             pass
 
 
+def ha_pair(scrape_configs: Sequence[dict[str, Any]], *, cluster: str, alertmanagers: Sequence[str],
+            replicas: Sequence[str] = ("a", "b"), **options: Any) -> list[Prometheus]:
+    """One shard as an HA pair (not started): identical Prometheus servers (same targets, rules and
+    options) labelled `cluster` and each its own `replica`, every one sending to every Alertmanager
+    of the cluster. Alertmanager sees one alert per rule and series and pages once; losing either
+    server loses no page."""
+    labels = {"cluster": cluster, **options.pop("external_labels", {})}
+    return [Prometheus(scrape_configs, alertmanagers=alertmanagers, replica=replica, external_labels=labels,
+                       **options) for replica in replicas]
+
+
 class Alertmanager(ReleasedServer):
     """prometheus-alertmanager (Debian package `prometheus-alertmanager`, or the current release
-    built from its module), gossip disabled."""
+    built from its module): on its own with gossip disabled, or one member of a cluster when given
+    `peers` (see cluster()).
+
+    Clustered members gossip the notification log and silences, and before sending a group's
+    notification the member at position k (members sorted by name) waits k x `peer_timeout` and
+    skips what another member already logged: one notification per group when the cluster is
+    whole, and at least one while any member lives. The gossip timings here are cut for loopback
+    tests; every cluster flag used means the same in 0.25 and the current release."""
 
     binary = "prometheus-alertmanager"
     program = "alertmanager"
     package = "prometheus-alertmanager"
     ready_path = "/-/ready"
 
-    def __init__(self, config: dict[str, Any] | str, *, port: int | None = None,
+    def __init__(self, config: dict[str, Any] | str, *, peers: Sequence[str] | None = None,
+                 cluster_port: int | None = None, peer_timeout: str = "2s", port: int | None = None,
                  workdir: Path | None = None) -> None:
         super().__init__(port, workdir)
         self.config_text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
+        self.peers = None if peers is None else list(peers)   # None: gossip disabled
+        self.cluster_port = cluster_port or (free_port() if peers is not None else None)
+        self.peer_timeout = peer_timeout
+
+    @classmethod
+    def cluster(cls, config: dict[str, Any] | str, size: int = 2, *, peer_timeout: str = "2s") -> list[Alertmanager]:
+        """`size` members (not started) with the same config, each naming every other as a peer."""
+        ports = [free_port() for _ in range(size)]
+        return [cls(config, peers=[f"127.0.0.1:{other}" for other in ports if other != own],
+                    cluster_port=own, peer_timeout=peer_timeout) for own in ports]
+
+    @property
+    def cluster_address(self) -> str | None:
+        """host:port of its gossip listener (TCP and UDP), None when gossip is disabled."""
+        return None if self.cluster_port is None else f"{self.host}:{self.cluster_port}"
 
     @property
     def config_path(self) -> Path:
@@ -131,9 +172,51 @@ class Alertmanager(ReleasedServer):
     def args(self) -> list[str]:
         return [
             f"--config.file={self.config_path}", f"--storage.path={self.workdir / 'data'}",
-            f"--web.listen-address={self.host}:{self.port}", "--cluster.listen-address=",
-            "--log.level=warn",
+            f"--web.listen-address={self.host}:{self.port}", *self.cluster_args(), "--log.level=warn",
         ]
+
+    def cluster_args(self) -> list[str]:
+        """Gossip flags: an empty listen address disables it. On loopback the bind address is also
+        the advertised one (no --cluster.advertise-address needed when every peer is local)."""
+        if self.peers is None:
+            return ["--cluster.listen-address="]
+        return [
+            f"--cluster.listen-address={self.cluster_address}",
+            *(f"--cluster.peer={peer}" for peer in self.peers),
+            f"--cluster.peer-timeout={self.peer_timeout}",
+            "--cluster.gossip-interval=50ms", "--cluster.pushpull-interval=2s",
+            "--cluster.probe-interval=200ms", "--cluster.probe-timeout=100ms",
+            "--cluster.reconnect-interval=1s", "--cluster.settle-timeout=10s",
+        ]
+
+    def status(self) -> dict[str, Any]:
+        """/api/v2/status: `cluster` holds `name` (this member), `status` and `peers`."""
+        with urllib.request.urlopen(self.url + "/api/v2/status", timeout=10) as answer:
+            return json.load(answer)
+
+    def clustered(self, members: int) -> bool:
+        """True once gossip has settled ("ready") with `members` members, itself included."""
+        cluster = self.status()["cluster"]
+        return cluster.get("status") == "ready" and len(cluster.get("peers") or []) == members
+
+    def position(self) -> int:
+        """Its place among the members it sees, sorted by name: it waits position x peer_timeout
+        before sending a notification (0: sends at once)."""
+        cluster = self.status()["cluster"]
+        return sorted(peer["name"] for peer in cluster["peers"]).index(cluster["name"])
+
+    def peer_update_messages(self) -> float:
+        """Gossip updates received from peers (notification-log entries and silences): it rises
+        once another member's notification reached this one's log."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as answer:
+            lines = answer.read().decode().splitlines()
+        prefix = 'alertmanager_cluster_messages_received_total{msg_type="update"} '
+        return sum(float(line.removeprefix(prefix)) for line in lines if line.startswith(prefix))
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts it holds (/api/v2/alerts), each once however many Prometheus replicas sent it."""
+        with urllib.request.urlopen(self.url + "/api/v2/alerts", timeout=10) as answer:
+            return json.load(answer)
 
 
 class VictoriaMetrics(ReleasedServer):
