@@ -29,7 +29,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help=f"FlopWatch's settings file; its remediation: section applies (else ${CONFIG_ENV})")
     parser.add_argument("--alertmanager", metavar="URL", help="Alertmanager's URL (alerts read, pages sent)")
     parser.add_argument("--state-dir", dest="state_dir", metavar="DIR", help="where the journal and plan live")
-    parser.add_argument("--topology", metavar="FILE", help="Slurm's topology.conf, for switch escalation")
+    parser.add_argument("--topology", metavar="FILE", help="Slurm's topology.conf, for switch escalation "
+                        "(default: the running slurmctld's, from scontrol show topology)")
     parser.add_argument("--log-level", dest="log_level", default="info", help="debug, info, warning or error")
 
 
@@ -76,32 +77,55 @@ def _settings(args: argparse.Namespace) -> Any:
         raise UsageError(str(error)) from None
 
 
-def _parts(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    """(settings, scheduler, journal, fabric) from the flags, file and environment."""
+def _parts(args: argparse.Namespace, *, fabric_needed: bool = False) -> tuple[Any, Any, Any, Any]:
+    """(settings, scheduler, journal, fabric) from the flags, file and environment; the fabric is
+    read only where decisions need it (`run`, `plan`), so `undo` works with slurmctld half up."""
     from flopwatch.remediate.journal import Journal
     from flopwatch.remediate.kubernetes import Kubernetes
     from flopwatch.remediate.service import state_path
     from flopwatch.remediate.slurm import Slurm
-    from flopwatch.topology.model import TopologyError
-    from flopwatch.topology.slurm import read_topology_conf
 
     setup_logging(args.log_level)
     settings = _settings(args)
-    fabric = None
-    if settings["topology"]:
-        try:
-            fabric = read_topology_conf(settings["topology"])
-        except TopologyError as error:
-            raise UsageError(str(error)) from None
     if settings["scheduler"] == "slurm":
         scheduler = Slurm(settings["command_timeout"], settings["slurm.bin_dir"])
     else:
         scheduler = Kubernetes.in_cluster(settings["command_timeout"], settings["kubernetes.taint_key"])
+    fabric = _fabric(settings, scheduler) if fabric_needed else None
     try:
         journal = Journal(state_path(settings))
     except OSError as error:
         raise UsageError(f"state_dir {settings['state_dir']}: {error.strerror}") from None
     return settings, scheduler, journal, fabric
+
+
+def _fabric(settings: Any, scheduler: Any) -> Any:
+    """The fabric for switch escalation: the `topology` file when one is set, else what slurmctld
+    holds (`scontrol show topology`), else none (escalation off, logged)."""
+    from flopwatch.remediate.scheduler import SchedulerError
+    from flopwatch.topology.model import TopologyError
+    from flopwatch.topology.slurm import read_topology_conf
+
+    if settings["topology"]:
+        try:
+            return read_topology_conf(settings["topology"])
+        except TopologyError as error:
+            raise UsageError(str(error)) from None
+    if settings["scheduler"] != "slurm":
+        return None
+    try:
+        fabric = scheduler.topology()
+    except SchedulerError as error:
+        raise RuntimeFailure(f"cannot read the topology from Slurm (set topology: to a topology.conf to "
+                             f"skip this): {error}") from None
+    except TopologyError as error:
+        raise RuntimeFailure(f"Slurm's topology is not in a format FlopWatch reads: {error}") from None
+    if fabric is None:
+        log.info("remediate: Slurm has no topology plugin and no topology file is set: no switch escalation")
+    else:
+        log.info("remediate: topology from slurmctld: %d switches, %d nodes", len(fabric.switches),
+                 len(fabric.node_switches))
+    return fabric
 
 
 def run_service(args: argparse.Namespace) -> int:
@@ -110,7 +134,7 @@ def run_service(args: argparse.Namespace) -> int:
     from flopwatch.remediate.service import Remediator
     from flopwatch.remediate.web import serve
 
-    settings, scheduler, journal, fabric = _parts(args)
+    settings, scheduler, journal, fabric = _parts(args, fabric_needed=True)
     try:
         access = WebAccess(settings["web_config"]) if settings["web_config"] else None
     except WebConfigError as error:
@@ -136,7 +160,7 @@ def run_service(args: argparse.Namespace) -> int:
 def run_plan(args: argparse.Namespace) -> int:
     from flopwatch.remediate.service import Remediator
 
-    settings, scheduler, journal, fabric = _parts(args)
+    settings, scheduler, journal, fabric = _parts(args, fabric_needed=True)
     remediator = Remediator(settings, scheduler, journal, fabric=fabric)
     remediator.reconcile()
     plan = remediator.step()

@@ -186,7 +186,7 @@ def _returns(plan: Plan, nodes: Mapping[str, NodeState], failing: set[str], hist
         if count:
             plan.holds[node] = f"lemon: drained on {count} separate occasions; return it by hand"
             continue
-        if not settings["return.health_check"]:
+        if not settings["return.health_check"] and not settings["return.agent"]:
             plan.holds[node] = "no health check configured: return it by hand"
             continue
         checked = history.health.get(node)

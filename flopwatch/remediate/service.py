@@ -24,6 +24,7 @@ from pathlib import Path
 from flopwatch.remediate import alerts as am
 from flopwatch.remediate.alerts import Alert, Page
 from flopwatch.remediate.decide import FAILING, Plan, decide
+from flopwatch.remediate.health import check_agent
 from flopwatch.remediate.journal import Journal
 from flopwatch.remediate.scheduler import NodeState, Scheduler, SchedulerError, run
 from flopwatch.remediate.settings import Settings
@@ -200,18 +201,31 @@ class Remediator:
         self._checks.submit(self._run_check, node)
 
     def _run_check(self, node: str) -> None:
-        argv = [part.replace("{node}", node) for part in shlex.split(self.settings["return.health_check"])]
-        try:
-            run(argv, self.settings["return.health_timeout"])
-            passed, why = True, "exit 0"
-        except SchedulerError as error:
-            passed, why = False, str(error)
+        passed, why = self.health_check(node)
         self.journal.append(self.clock(), "health_passed" if passed else "health_failed", node, detail=why[:300])
         self._count(node, "health_check", "done" if passed else "failed")
         log.info("remediate: health check of %s %s (%s)", node, "passed" if passed else "failed", why)
         with self._lock:
             self._checking.discard(node)
         self.wake.set()
+
+    def health_check(self, node: str) -> tuple[bool, str]:
+        """(passed, why): the node's agent (`return.agent`), then the configured command
+        (`return.health_check`); each one set must pass."""
+        timeout, said = self.settings["return.health_timeout"], []
+        if self.settings["return.agent"]:
+            passed, why = check_agent(self.settings["return.agent"], node, timeout)
+            if not passed:
+                return False, why
+            said.append(why)
+        if self.settings["return.health_check"]:
+            argv = [part.replace("{node}", node) for part in shlex.split(self.settings["return.health_check"])]
+            try:
+                run(argv, timeout)
+            except SchedulerError as error:
+                return False, str(error)
+            said.append("exit 0")
+        return True, "; ".join(said)
 
     def _page(self, pages: list[Page]) -> None:
         """Send pages that are new or changed; refresh the others every reconcile interval."""

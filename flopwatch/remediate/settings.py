@@ -81,6 +81,13 @@ def _url(value: Any) -> str:
     return text
 
 
+def _agent_url(value: Any) -> str:
+    text = _url(value)
+    if text and "{node}" not in text:
+        raise ValueError
+    return text
+
+
 def _choice(*choices: str) -> Parser:
     def parse(value: Any) -> str:
         if str(value) not in choices:
@@ -103,7 +110,8 @@ FIELDS: dict[str, Field] = {
     "alertmanager": Field(_url, "", "Alertmanager's URL: alerts are reconciled from it and pages sent to it"),
     "reconcile_interval": Field(_seconds, 120.0, "a duration like 2m: how often Alertmanager is read back"),
     "state_dir": Field(_text, "/var/lib/flopwatch/remediate", "a directory for the journal and the plan"),
-    "topology": Field(_text, "", "Slurm's topology.conf, for switch escalation (empty: none)"),
+    "topology": Field(_text, "", "Slurm's topology.conf, for switch escalation (empty: the running slurmctld's, "
+                      "from scontrol show topology; none without a topology plugin)"),
     "command_timeout": Field(_seconds, 30.0, "a duration: a scheduler command running longer is killed"),
     "retries": Field(_count, 3, "failures of one action before it is paged"),
     "backoff": Field(_seconds, 10.0, "a duration: the wait after a first failure, doubled after each"),
@@ -116,6 +124,9 @@ FIELDS: dict[str, Field] = {
     "return.hold_down": Field(_seconds, 1800.0, "a duration: how long a cleared node waits before its check"),
     "return.health_check": Field(_text, "", "a command that exits 0 when the node is healthy; {node} is "
                                  "replaced by its name (empty: nodes are never returned automatically)"),
+    "return.agent": Field(_agent_url, "", "the node's agent /metrics as a URL with {node}, e.g. "
+                          "http://{node}:9847/metrics: passes when every GPU is up and no page-level XID is held "
+                          "(empty: no agent check)"),
     "return.health_timeout": Field(_seconds, 300.0, "a duration: a health check running longer failed"),
     "return.lemon_occasions": Field(_count, 2, "drains on this many separate occasions make a lemon, kept drained"),
     "return.lemon_window": Field(_seconds, 7 * 86400.0, "a duration like 7d: how far back occasions count"),

@@ -8,6 +8,9 @@ that fails on the bad GPU is requeued by Slurm's own policy. Every command has a
     node01|gpu|idle|none
     node02|gpu|draining|flopwatch: FlopWatchGpuXidCritical GPU 3 XID 79
     node03|gpu|drained|bad DIMM, ticket 4411
+
+`topology()` reads the fabric from the running slurmctld (`scontrol show topology`), for switch
+escalation when no topology.conf is given.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import shutil
 from pathlib import Path
 
 from flopwatch.remediate.scheduler import NodeState, SchedulerError, check_node_name, run
+from flopwatch.topology.model import Fabric
+from flopwatch.topology.slurm import parse_show_topology
 
 UNKNOWN_NODE_TEXT = "Invalid node name"
 
@@ -46,6 +51,13 @@ class Slurm:
             found[node] = NodeState(node, "drain" in state.lower(), "" if reason == "none" else reason.strip(),
                                     partitions)
         return found
+
+    def topology(self) -> Fabric | None:
+        """The fabric slurmctld holds, or None when it runs no topology plugin (scontrol prints
+        nothing then). SchedulerError when scontrol fails; TopologyError when its output is not
+        Slurm's format."""
+        out = run([self._program("scontrol"), "show", "topology"], self.timeout, self.env)
+        return parse_show_topology(out) if out.strip() else None
 
     def _update(self, node: str, *fields: str) -> None:
         check_node_name(node)

@@ -6,6 +6,19 @@ a line ending in `\\` continues on the next; `\\#` is a literal `#`. Tree lines 
 `SwitchName=<name> [Nodes=<hostlist>] [Switches=<hostlist>] [LinkSpeed=<n>]`; block lines are
 `BlockName=<name> Nodes=<hostlist>` plus one optional `BlockSizes=<n>[,<n>...]`. A block becomes
 a leaf with no uplinks: nodes in it share the fast domain the way nodes under a leaf do.
+
+The running slurmctld says the same through `scontrol show topology` (`parse_show_topology`), so
+a cluster whose topology.conf lives only on the controller needs no copy of it. Slurm 22.05
+prints one line per switch in topology.conf's order, e.g. (captured from a real slurmctld,
+tests/fixtures/topology/scontrol-show-topology.txt):
+
+    SwitchName=leaf1 Level=0 LinkSpeed=400 Nodes=gpu[001-016]
+    SwitchName=spine1 Level=1 LinkSpeed=1 Nodes=gpu[001-032] Switches=leaf[1-2]
+
+A switch above others also lists every node below it (`Nodes=`), so only a switch without
+`Switches=` gives nodes their leaf; the others' lists are checked against the tree built.
+Without a topology plugin it prints nothing and says "No topology information available" on
+stderr (exit 0).
 """
 
 from __future__ import annotations
@@ -212,3 +225,45 @@ def _check_loop(parsed: _Parsed, source: str) -> None:
             f"{source}:{parsed.defined_at[loop[0]]}: switches form a loop "
             f"({' -> '.join(loop)}); expected a tree, each switch below the one that lists it"
         )
+
+
+SHOW_KEYS = {"switchname", "level", "linkspeed", "nodes", "switches"}
+
+
+def parse_show_topology(text: str, source: str = "scontrol show topology") -> Fabric:
+    """The fabric `scontrol show topology` prints; TopologyError "<source>:<line>: ..." when the
+    output is not what Slurm prints (another version's format, a truncated read)."""
+    leaf_nodes: dict[str, list[str]] = {}
+    children: dict[str, list[str]] = {}
+    listed: dict[str, tuple[int, list[str]]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        values: dict[str, str] = {}
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if not sep or key.lower() not in SHOW_KEYS:
+                raise TopologyError(
+                    f"{source}:{number}: {word!r} is not one of {', '.join(sorted(SHOW_KEYS))} as Key=Value; "
+                    "expected lines like SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=node[01-08]"
+                )
+            values[key.lower()] = value
+        name = values.get("switchname", "")
+        if not name or name in leaf_nodes or name in children:
+            raise TopologyError(f"{source}:{number}: expected one line per switch starting SwitchName=<name>, "
+                                f"got {line.strip()[:80]!r}")
+        nodes = _hostlist(source, number, values["nodes"]) if values.get("nodes") else []
+        if values.get("switches"):
+            children[name] = _hostlist(source, number, values["switches"])
+            listed[name] = (number, nodes)
+        else:
+            leaf_nodes[name] = nodes
+    try:
+        fabric = Fabric.from_tree(leaf_nodes, children)
+    except TopologyError as error:
+        raise TopologyError(f"{source}: {error}") from None
+    for switch, (number, nodes) in listed.items():
+        if set(nodes) != fabric.nodes_under(switch):
+            raise TopologyError(f"{source}:{number}: switch {switch} lists {len(nodes)} nodes but "
+                                f"{len(fabric.nodes_under(switch))} are below its switches; expected the same")
+    return fabric
