@@ -3,7 +3,8 @@
 The agent subprocess loads the real nvidia-ml-py, which finds the test library through
 LD_LIBRARY_PATH (8 H100s from a state file); a real Prometheus scrapes it. The family, label and
 promtool checks are the simulated backend's own (tests/integration/test_agent_prometheus.py),
-run here against this agent; then a GPU falls off the bus while Prometheus watches.
+run here against this agent; then a GPU falls off the bus while Prometheus watches. Once on each
+Prometheus release (Debian's 2.42 and the current 3.x), each with a driver of its own.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ class NvmlAgentProcess(AgentProcess):
 
 
 @pytest.fixture(scope="module")
-def state(tmp_path_factory: pytest.TempPathFactory) -> DriverState:
-    return DriverState(tmp_path_factory.mktemp("nvml-driver"), ["H100"] * GPUS)
+def state(tmp_path_factory: pytest.TempPathFactory, server_release: str) -> DriverState:
+    """A new driver for each Prometheus release: the last test takes a GPU off the bus."""
+    return DriverState(tmp_path_factory.mktemp(f"nvml-driver-{server_release}"), ["H100"] * GPUS)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +68,8 @@ def test_prometheus_holds_exactly_what_the_agent_exposes(prometheus: PromClient,
     sim_checks.test_prometheus_holds_exactly_what_the_agent_exposes(prometheus, agent)
 
 
-def test_promtool_check_metrics_prints_nothing(agent: AgentProcess) -> None:
-    sim_checks.test_promtool_check_metrics_prints_nothing(agent)
+def test_promtool_check_metrics_prints_nothing(agent: AgentProcess, server_release: str) -> None:
+    sim_checks.test_promtool_check_metrics_prints_nothing(agent, server_release)
 
 
 def test_values_are_the_drivers_in_base_units(prometheus: PromClient) -> None:
