@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import random
 import shutil
 import signal
 import socket
@@ -70,6 +71,30 @@ class _Daemon(ServerProcess):
         return self._owns_port()
 
 
+def _port_outside_the_ephemeral_range(taken: set[int]) -> int:
+    """A loopback port free now and below the kernel's ephemeral range: the daemons bind theirs one
+    after another, seconds after the ports are chosen, and a port the kernel may hand to any
+    outgoing connection in between (as free_port()'s are) was taken before slurmd bound it in 2 of 6
+    starts of an 80-node cluster."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = list(range(max(1024, low - 12000), low))
+    random.shuffle(candidates)
+    for port in candidates:
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    return free_port()
+
+
 class SlurmCluster:
     """munged + slurmctld + one slurmd per node on 127.0.0.1, with one partition of every node.
 
@@ -94,8 +119,9 @@ class SlurmCluster:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="flopwatch-slurm-"))
         self.host = socket.gethostname().split(".")[0]
-        self.ctld_port = free_port()
-        self.node_ports = {node: free_port() for node in self.nodes}
+        taken: set[int] = set()
+        self.ctld_port = _port_outside_the_ephemeral_range(taken)
+        self.node_ports = {node: _port_outside_the_ephemeral_range(taken) for node in self.nodes}
         self.daemons: list[_Daemon] = []
 
     # -- paths and environment -------------------------------------------------------------------
