@@ -72,7 +72,8 @@ def _choice(*choices: str) -> Parser:
     return parse
 
 
-def _boolean(value: Any) -> bool:
+def parse_boolean(value: Any) -> bool:
+    """true/false, yes/no, on/off, 1/0 (any case); ValueError otherwise."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -198,7 +199,7 @@ FIELDS: dict[str, Field] = {
     "gpu.peak_flops": Field(_optional(_number(1e9, 1e17)), None,
                             "dense peak FLOP/s per GPU for unknown models, e.g. 989.4e12"),
     "gpu.dtype": Field(_choice(*DTYPES), "bf16", f"one of {', '.join(DTYPES)}"),
-    "gpu.nvlink_per_link": Field(_boolean, True, "true or false"),
+    "gpu.nvlink_per_link": Field(parse_boolean, True, "true or false"),
     "gpu.timeout": Field(_number(0.05, 60), 2.0, "seconds one GPU's read may take, 0.05 to 60"),
     "gpu.dcgm_host": Field(_text, "127.0.0.1", "the nv-hostengine address, e.g. 127.0.0.1"),
     "sim.gpus": Field(_integer(1, 64), 8, "GPUs on the simulated node, 1 to 64"),
@@ -231,11 +232,11 @@ FIELDS: dict[str, Field] = {
     "topology.rails": Field(_optional(_text), None,
                             "a rails YAML naming each NIC's leaf and each leaf's spines, e.g. "
                             "/etc/flopwatch/rails.yml (docs/network-and-attribution.md), or none"),
-    "collectors.gpu": Field(_boolean, True, "true or false"),
-    "collectors.nic": Field(_boolean, True, "true or false (InfiniBand, RoCE and Ethernet from sysfs)"),
-    "collectors.host": Field(_boolean, True, "true or false (CPU per NUMA node, memory, PSI)"),
-    "collectors.attribution": Field(_boolean, True, "true or false (flopwatch_gpu_job_info)"),
-    "collectors.train": Field(_boolean, False, "true or false (the training-step intake socket)"),
+    "collectors.gpu": Field(parse_boolean, True, "true or false"),
+    "collectors.nic": Field(parse_boolean, True, "true or false (InfiniBand, RoCE and Ethernet from sysfs)"),
+    "collectors.host": Field(parse_boolean, True, "true or false (CPU per NUMA node, memory, PSI)"),
+    "collectors.attribution": Field(parse_boolean, True, "true or false (flopwatch_gpu_job_info)"),
+    "collectors.train": Field(parse_boolean, False, "true or false (the training-step intake socket)"),
     "influx.url": Field(_optional(_http_url), None,
                         "an InfluxDB v2 write API base URL, e.g. http://influxdb:8086 (unset: no sink)"),
     "influx.org": Field(_text, "flopwatch", "the organization name or ID to write to"),
@@ -250,7 +251,7 @@ FIELDS: dict[str, Field] = {
     "influx.buffer_max_bytes": Field(_size(2**20, 2**40), 256 * 2**20,
                                      "bytes of buffered points kept during an outage, e.g. 256MiB (1MiB to "
                                      "1TiB); the oldest go first"),
-    "influx.gzip": Field(_boolean, True, "true or false (gzip request bodies)"),
+    "influx.gzip": Field(parse_boolean, True, "true or false (gzip request bodies)"),
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from flopwatch import durations, yamlfile
-from flopwatch.config import ConfigError, parse_listen
+from flopwatch.config import ConfigError, parse_boolean, parse_listen
 from flopwatch.mixin import names
 
 SECTION = "remediation"
@@ -39,17 +39,6 @@ class Field:
     parse: Parser
     default: Any
     expected: str
-
-
-def _boolean(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError
 
 
 def _seconds(value: Any) -> float:
@@ -102,7 +91,7 @@ def _listen(value: Any) -> str:
 
 
 FIELDS: dict[str, Field] = {
-    "dry_run": Field(_boolean, True, "true or false: true writes the plan and the commands, runs none"),
+    "dry_run": Field(parse_boolean, True, "true or false: true writes the plan and the commands, runs none"),
     "scheduler": Field(_choice("slurm", "kubernetes"), "slurm", "slurm or kubernetes"),
     "listen": Field(_listen, "127.0.0.1:9848", "HOST:PORT of the webhook and /metrics"),
     "web_config": Field(_text, "", "a web config file (TLS, basic-auth users), as the agent's --web-config"),

@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -175,20 +175,28 @@ class ServerProcess:
         return self
 
     def wait_ready(self, timeout: float) -> None:
+        self.wait_until(self._answers_ready, timeout, f" at {self.url}{self.ready_path}")
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float, where: str = "") -> None:
+        """Poll `ready()` until it holds; a ServerError with the log's tail if the process exits
+        first or `timeout` passes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise ServerError(f"{self.binary} exited with code {self.proc.returncode} while "
                                   f"starting:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as answer:
-                    if answer.status == 200 and self._owns_port():
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.1)
-        raise ServerError(f"{self.binary} not ready at {self.url}{self.ready_path} after {timeout:g}s:\n"
-                          f"{self.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.05)
+        raise ServerError(f"{self.binary} not ready{where} after {timeout:g}s:\n{self.log_tail()}")
+
+    def _answers_ready(self) -> bool:
+        """The ready path answers 200, from our own process."""
+        try:
+            with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as answer:
+                return answer.status == 200 and self._owns_port()
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
 
     def _owns_port(self) -> bool:
         """True when our process (not another that won a race for the port) listens on it."""

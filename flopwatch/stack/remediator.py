@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from flopwatch.stack.process import ServerError, ServerProcess
+from flopwatch.stack.process import ServerProcess
 
 
 class RemediateProcess(ServerProcess):
@@ -29,22 +28,16 @@ class RemediateProcess(ServerProcess):
 
     def wait_ready(self, timeout: float) -> None:
         """Ready when /-/ready answers: 200, or 401 behind a web config with basic auth."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise ServerError(f"flopwatch remediate exited with code {self.proc.returncode} while starting:\n"
-                                  f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + self.ready_path, timeout=2):
-                    pass
-                return
-            except urllib.error.HTTPError as error:
-                if error.code == 401:
-                    return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise ServerError(f"flopwatch remediate not ready at {self.url} after {timeout:g}s:\n{self.log_tail()}")
+        self.wait_until(self._answers, timeout, f" at {self.url}")
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + self.ready_path, timeout=2):
+                return True
+        except urllib.error.HTTPError as error:
+            return error.code == 401
+        except (urllib.error.URLError, OSError):
+            return False
 
     def environment(self) -> dict[str, str]:
         return {**os.environ, **self.env}

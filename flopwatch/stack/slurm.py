@@ -57,15 +57,7 @@ class _Daemon(ServerProcess):
         return self._argv
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise ServerError(f"{self.binary} exited with code {self.proc.returncode} while "
-                                  f"starting:\n{self.log_tail()}")
-            if self._ready(self):
-                return
-            time.sleep(0.05)
-        raise ServerError(f"{self.binary} not ready after {timeout:g}s:\n{self.log_tail()}")
+        self.wait_until(lambda: self._ready(self), timeout)
 
     def listening(self) -> bool:
         return self._owns_port()
