@@ -77,8 +77,11 @@ class Remediator:
                     self.firing.pop(alert.key, None)
         self.wake.set()
 
-    def reconcile(self) -> None:
-        """Replace what is known to fire with Alertmanager's own list (a missed webhook, a restart)."""
+    def reconcile(self, keep_received: bool = False) -> None:
+        """Replace what is known to fire with Alertmanager's own list (a missed webhook, a restart);
+        `keep_received`: add it to what webhooks brought instead (right after a webhook, so that the
+        decision sees every alert of a burst that Alertmanager sends as several notifications: the
+        breaker judges them together instead of draining the first ones to arrive)."""
         url = self.settings["alertmanager"]
         if not url:
             return
@@ -89,7 +92,8 @@ class Remediator:
             log.warning("reconcile: cannot read Alertmanager: %s", error)
             return
         with self._lock:
-            self.firing = {alert.key: alert for alert in fetched}
+            fresh = {alert.key: alert for alert in fetched}
+            self.firing = {**self.firing, **fresh} if keep_received else fresh
         self.last_reconcile = self.clock()
         log.debug("reconciled: %d alerts firing", len(fetched))
 
@@ -251,10 +255,13 @@ class Remediator:
         self.start()
         next_reconcile = 0.0
         while not stop.is_set():
+            woken = self.wake.is_set()
             self.wake.clear()
             if time.monotonic() >= next_reconcile:
                 self.reconcile()
                 next_reconcile = time.monotonic() + self.settings["reconcile_interval"]
+            elif woken:
+                self.reconcile(keep_received=True)
             self.step()
             self.wake.wait(min(TICK_S, max(0.05, next_reconcile - time.monotonic())))
         self._checks.shutdown(wait=False, cancel_futures=True)
