@@ -4,12 +4,10 @@ parts of scoring.py (whose docstring gives the definitions) that know switches a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flopwatch.detect.pages import Alert, AlertmanagerConfig, incidents
-
-if TYPE_CHECKING:
-    from flopwatch.detect.scoring import ScenarioScore
+from flopwatch.detect.score_records import ScenarioScore
 
 #: Faults of a switch, an uplink or a spine (named by a `switch` label), and of one cable.
 SWITCH_KINDS = {"switch_degrade", "uplink_slow", "spine_degrade"}

@@ -23,7 +23,7 @@ from flopwatch.catalog import fabric as fabric_metrics
 from flopwatch.catalog import host as host_metrics
 from flopwatch.catalog import job as job_metrics
 from flopwatch.catalog import train as t
-from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
+from flopwatch.sim.fleet import SERIES_EXPIRY_S, Fleet
 from flopwatch.sim.gpu_values import GPU_DYNAMIC, GPU_METRICS, GPU_VARIANTS, SCALAR_INDEX, scalar_row
 from flopwatch.sim.jobs import PHASES
 from flopwatch.sim.node import (
@@ -34,6 +34,7 @@ from flopwatch.sim.node import (
     SimNodeAgent,
     sim_fabric_collector,
 )
+from flopwatch.sim.state import STEP_BUCKETS, JobState, SimNode
 
 Labels = tuple[tuple[str, str], ...]
 #: One group of series for a tick: their label sets (a cached tuple) and values.

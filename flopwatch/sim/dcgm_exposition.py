@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from flopwatch import xid as xid_catalogue
 from flopwatch.exporters.gpu.reading import clock_event_mask
 from flopwatch.exporters.gpu.simulated import MHZ, SIM_DRIVER_VERSION, SimulatedGpu
-from flopwatch.sim.fleet import Fleet, SimNode
+from flopwatch.sim.fleet import Fleet
+from flopwatch.sim.state import SimNode
 
 #: dcgm-exporter's port: a node's dcgm-exporter target is `<node>:9400`.
 PORT = 9400

@@ -21,8 +21,8 @@ from flopwatch.sim.scenario import FaultSpec, node_name
 from flopwatch.topology.model import Fabric
 
 if TYPE_CHECKING:
-    from flopwatch.sim.fleet import Fleet, JobState, SimNode
     from flopwatch.sim.nic import SimulatedNic
+    from flopwatch.sim.state import JobState, SimNode
 
 
 class FabricFaults:
@@ -40,8 +40,8 @@ class FabricFaults:
       under its leaves wait.
     """
 
-    def __init__(self, fleet: Fleet, fabric: Fabric) -> None:
-        self.fleet, self.fabric = fleet, fabric
+    def __init__(self, nodes: list[SimNode], jobs: dict[str, JobState], fabric: Fabric) -> None:
+        self.nodes, self.jobs, self.fabric = nodes, jobs, fabric
         self._ports: dict[str, list[tuple[SimNode, SimulatedNic]]] = {}
         self._crosses: dict[str, set[tuple[str, str]]] = {}
         self._started: set[int] = set()
@@ -62,7 +62,7 @@ class FabricFaults:
     def _leaf_ports(self, leaf: str) -> list[tuple[SimNode, SimulatedNic]]:
         """The NIC ports plugged into `leaf`: the fabric's links, else every NIC of its nodes."""
         if leaf not in self._ports:
-            by_name = {node.name: node for node in self.fleet.nodes}
+            by_name = {node.name: node for node in self.nodes}
             found = []
             if self.fabric.links:
                 for link in self.fabric.links:
@@ -83,8 +83,8 @@ class FabricFaults:
 
     def jobs_hit(self, fault: FaultSpec) -> list[JobState]:
         """Jobs running now that the fault slows."""
-        jobs = [s for s in self.fleet.jobs.values() if len(s.runner.spec.nodes) > 1
-                and any(node.job_id == s.runner.spec.id for node in (self.fleet.nodes[i] for i in s.runner.spec.nodes))]
+        jobs = [s for s in self.jobs.values() if len(s.runner.spec.nodes) > 1
+                and any(node.job_id == s.runner.spec.id for node in (self.nodes[i] for i in s.runner.spec.nodes))]
         if fault.kind in ("uplink_slow", "spine_degrade"):
             return [s for s in jobs if self._crosses_fault(fault, s)]
         under = {node.index for node, _ in self.ports(fault.switch)}
@@ -149,7 +149,7 @@ class FabricFaults:
         """Multi-node jobs the fault can slow while it lasts (for scoring job-level alerts)."""
         out = set()
         under = {node.index for node, _ in self.ports(fault.switch)}
-        for state in self.fleet.jobs.values():
+        for state in self.jobs.values():
             spec = state.runner.spec
             end = spec.end if spec.end is not None else float("inf")
             if len(spec.nodes) < 2 or not (spec.start < fault.end and fault.start < end):

@@ -27,10 +27,11 @@ from flopwatch.exporters.exposition import Blocks, histogram_series
 from flopwatch.exporters.fabric import FabricCollector
 from flopwatch.exporters.gpu.collector import GpuCollector
 from flopwatch.exporters.gpu.simulated import SimBackend
-from flopwatch.sim.fleet import SERIES_EXPIRY_S, STEP_BUCKETS, Fleet, JobState, SimNode
+from flopwatch.sim.fleet import SERIES_EXPIRY_S, Fleet
 from flopwatch.sim.gpu_collector import SimGpuCollector
 from flopwatch.sim.jobs import PHASES
 from flopwatch.sim.nic import PHYS_LINK_UP, PORT_ACTIVE, SimulatedNic
+from flopwatch.sim.state import STEP_BUCKETS, JobState, SimNode
 from flopwatch.train.wire import ARRIVAL_INDEX
 
 PORT_STATE_WORDS = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
