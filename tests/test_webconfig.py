@@ -8,6 +8,7 @@ to keep the tests fast; the cost is read from the hash, so nothing else changes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http.client
 import logging
 import shutil
@@ -339,6 +340,51 @@ def test_basic_auth_without_tls(tmp_path, serve):
         assert answer.status == status
     connection.close()
     assert server.responses == {401: 2, 200: 1}
+
+
+TOKEN = "fw-" + "3b9e" * 16  # not itself 64 hex digits
+
+
+def test_bearer_tokens_with_and_beside_basic_auth(tmp_path, serve):
+    """Alertmanager's webhook and Prometheus's `authorization` send `Bearer <token>`; either kind admits."""
+    path = write_config(tmp_path / "web.yml", None, users={"prom": HASH})
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    path.write_text(path.read_text() + f"bearer_tokens:\n  alertmanager: {digest}\n")
+    access = WebAccess(path)
+    assert access.config.authenticates and list(access.config.tokens) == ["alertmanager"]
+    server = serve(access)
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    cases = ((f"Bearer {TOKEN}", 200), (f"bearer  {TOKEN} ", 200), (f"Bearer {TOKEN[:-1]}", 401),
+             (f"Bearer {PASSWORD}", 401), ("Bearer ", 401), ("Bearer " + "a" * 5000, 401),
+             (basic("prom", PASSWORD), 200), (basic("prom", WRONG), 401), (None, 401))
+    for auth, status in cases:
+        connection.request("GET", "/metrics", headers={"Authorization": auth} if auth else {})
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == status, auth
+    connection.close()
+    assert server.responses == {200: 3, 401: 6}
+
+
+def test_tokens_alone_refuse_basic_auth(tmp_path):
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    access = WebAccess(_tokens_only(tmp_path, digest))
+    answers = [asyncio.run(access.authorize(header)) for header in (f"Bearer {TOKEN}", basic("prom", PASSWORD), None)]
+    access.close()
+    assert answers == [200, 401, 401]
+
+
+def _tokens_only(tmp_path: Path, digest: str) -> Path:
+    path = tmp_path / "tokens.yml"
+    path.write_text(f"bearer_tokens:\n  alertmanager: {digest.upper()}\n")
+    return path
+
+
+@pytest.mark.parametrize("value", [TOKEN, "ab" * 31, "zz" * 32, 12345, None])
+def test_a_token_where_a_digest_belongs_is_refused_without_showing_it(tmp_path, value):
+    with pytest.raises(WebConfigError, match=r"bearer_tokens\.alertmanager: not a SHA-256 digest") as error:
+        parse({"bearer_tokens": {"alertmanager": value}}, tmp_path)
+    assert TOKEN not in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_handshake_that_never_comes_is_cut_off_and_counted(tmp_path, pki, serve, monkeypatch):

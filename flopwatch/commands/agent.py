@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", metavar="HOST:PORT",
                         help=f"address to serve /metrics on (default 0.0.0.0:{cfg.DEFAULT_PORT})")
     parser.add_argument("--web-config", dest="web_config", metavar="FILE",
-                        help="TLS and basic auth for /metrics: a web config file in the format Prometheus "
-                        "exporters use (docs/operations.md)")
+                        help="TLS, basic auth and bearer tokens for /metrics: a web config file in the "
+                        "format Prometheus exporters use (docs/operations.md)")
     parser.add_argument("--interval", metavar="SECONDS", help="collection interval, 1 to 3600 (default 5)")
     parser.add_argument("--node", help="node label value (default: host name)")
     parser.add_argument("--log-level", dest="log_level", help="debug, info, warning or error")
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                                  "pick another address with --listen HOST:PORT") from None
         scheme = "https" if access is not None and access.tls else "http"
         log.info("serving %s://%s:%d/metrics every %gs as node %s%s", scheme, host, port, config.interval,
-                 config.node, " (basic auth)" if access is not None and access.config.users else "")
+                 config.node, " (authenticated)" if access is not None and access.config.authenticates else "")
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())

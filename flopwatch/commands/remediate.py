@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common(run)
     run.add_argument("--listen", metavar="HOST:PORT", help="webhook and /metrics address (default 127.0.0.1:9848)")
     run.add_argument("--web-config", dest="web_config", metavar="FILE",
-                     help="TLS and basic auth for the webhook, in the agent's web config format")
+                     help="TLS, basic auth and bearer tokens for the webhook, in the agent's web config format")
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--execute", dest="dry_run", action="store_const", const=False,
                       help="carry out the plan (drain and return nodes)")

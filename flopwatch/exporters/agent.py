@@ -166,7 +166,7 @@ class Agent:
         return Response(200, b"ok\n", "text/plain")
 
     def serve(self, host: str, port: int, access: Access | None = None) -> tuple[str, int]:
-        """Serve /metrics; `access` (the web config) adds TLS and basic auth."""
+        """Serve /metrics; `access` (the web config) adds TLS and authentication."""
         self.http = HttpServer(host, port, self.route, access)
         return self.http.start()
 

@@ -58,7 +58,7 @@ class Access(Protocol):
 
 
 _DENIED = {
-    401: (Response(401, b"unauthorized: give the user and password of the agent's web config\n", "text/plain"),
+    401: (Response(401, b"unauthorized: give a user and password, or a token, of the web config\n", "text/plain"),
           'WWW-Authenticate: Basic realm="flopwatch", charset="UTF-8"\r\n'),
     429: (Response(429, b"too many password checks at once; retry in a second\n", "text/plain"),
           "Retry-After: 1\r\n"),
@@ -116,6 +116,13 @@ class HttpServer:
             loop.run_forever()
         finally:
             self._server.close()
+            # Connections still open (keep-alive scrapers) are ended here, not left for the garbage
+            # collector to find as pending tasks of a closed loop.
+            handlers = asyncio.all_tasks(loop)
+            for task in handlers:
+                task.cancel()
+            if handlers:
+                loop.run_until_complete(asyncio.gather(*handlers, return_exceptions=True))
             loop.run_until_complete(self._server.wait_closed())
             loop.close()
 

@@ -11,6 +11,13 @@ habits serve every exporter on a node (`flopwatch agent --web-config FILE`):
       min_version: TLS12                             # default TLS12; max_version default TLS13
     basic_auth_users:
       prometheus: $2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG
+    bearer_tokens:                                   # FlopWatch's own key: exporter-toolkit has none
+      alertmanager: 3f1c...64 hex digits             # SHA-256 of the token: printf %s "$TOKEN" | sha256sum
+
+`bearer_tokens` is for clients that send `Authorization: Bearer <token>` (Alertmanager's webhook
+`http_config.authorization`, Prometheus's scrape `authorization`). A token is a random secret
+(`openssl rand -hex 32`), so its SHA-256 is stored rather than a slow hash: guessing it is as hard as
+guessing the token. Basic auth and bearer tokens may both be set; either one admits a request.
 
 Relative paths are taken from the file's own directory. A wrong value is a one-line
 WebConfigError naming the key; a hash or a password never appears in one, nor in a log line.
@@ -29,6 +36,7 @@ import asyncio
 import base64
 import binascii
 import hashlib
+import hmac
 import logging
 import re
 import ssl
@@ -48,6 +56,7 @@ RELOAD_CHECK_S = 1.0          # files are looked at (stat) at most this often
 MAX_PENDING_CHECKS = 8        # bcrypt checks queued at once; more are answered 429
 CACHE_SIZE = 256              # remembered (user, password) outcomes
 BCRYPT_MAX_PASSWORD = 72      # bcrypt ignores (newer versions refuse) longer passwords
+MAX_BEARER_TOKEN = 4096       # longer headers are refused before hashing
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -76,6 +85,8 @@ UNSUPPORTED = {
 }
 _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}")
 HASH_HINT = "generate one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+TOKEN_HINT = "write the SHA-256 of the token, never the token: printf %s \"$TOKEN\" | sha256sum"
 
 
 class WebConfigError(ValueError):
@@ -100,6 +111,11 @@ class TlsSettings:
 class WebConfig:
     tls: TlsSettings | None = None
     users: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # name -> bcrypt hash
+    tokens: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # name -> SHA-256 of a bearer token
+
+    @property
+    def authenticates(self) -> bool:
+        return bool(self.users or self.tokens)
 
 
 # -- reading and validating ------------------------------------------------------------------------
@@ -118,8 +134,9 @@ def parse(data: Any, base: Path, source: str = "web config") -> WebConfig:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise WebConfigError(f"{source}: expected a mapping with tls_server_config and/or basic_auth_users")
-    known = ("tls_server_config", "basic_auth_users", "http_server_config")
+        raise WebConfigError(f"{source}: expected a mapping with tls_server_config, basic_auth_users "
+                             "and/or bearer_tokens")
+    known = ("tls_server_config", "basic_auth_users", "bearer_tokens", "http_server_config")
     for key in data:
         if key in UNSUPPORTED:
             raise WebConfigError(f"{source}: {key} is not supported by FlopWatch; {UNSUPPORTED[key]}")
@@ -128,7 +145,8 @@ def parse(data: Any, base: Path, source: str = "web config") -> WebConfig:
     _check_http_server_config(data.get("http_server_config"), source)
     tls = _parse_tls(data.get("tls_server_config"), base, source)
     users = _parse_users(data.get("basic_auth_users"), source)
-    return WebConfig(tls, users)
+    tokens = _parse_tokens(data.get("bearer_tokens"), source)
+    return WebConfig(tls, users, tokens)
 
 
 def _check_http_server_config(section: Any, source: str) -> None:
@@ -221,6 +239,23 @@ def _parse_users(section: Any, source: str) -> dict[str, bytes]:
     return users
 
 
+def _parse_tokens(section: Any, source: str) -> dict[str, bytes]:
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise WebConfigError(f"{source}: bearer_tokens: expected a mapping of client names to SHA-256 digests")
+    tokens: dict[str, bytes] = {}
+    for name, digest in section.items():
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise WebConfigError(f"{source}: bearer_tokens: client name {str(name)[:64]!r} is not usable "
+                                 "(printable, not empty)")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest.strip().lower()):
+            raise WebConfigError(f"{source}: bearer_tokens.{name}: not a SHA-256 digest of 64 hex digits (the "
+                                 f"value is not shown); {TOKEN_HINT}")
+        tokens[name] = bytes.fromhex(digest.strip())
+    return tokens
+
+
 # -- TLS ---------------------------------------------------------------------------------------------
 def server_context(tls: TlsSettings) -> ssl.SSLContext:
     """An SSLContext serving `tls`'s certificate and checking client certificates as it says."""
@@ -295,6 +330,34 @@ def parse_basic(header: str | None) -> tuple[str, bytes] | None:
         return None
 
 
+def parse_bearer(header: str | None) -> bytes | None:
+    """`Authorization: Bearer <token>` -> the token's bytes; None when absent, malformed or too long."""
+    if not header or len(header) > MAX_BEARER_TOKEN:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or not token.isprintable():
+        return None
+    return token.encode("utf-8")
+
+
+class BearerAuth:
+    """Checks a bearer token against SHA-256 digests, in constant time per digest."""
+
+    def __init__(self, tokens: Mapping[str, bytes]) -> None:
+        self._digests = tuple(tokens.values())
+
+    def authorize(self, header: str | None) -> int:
+        token = parse_bearer(header)
+        if token is None:
+            return 401
+        digest = hashlib.sha256(token).digest()
+        matched = False
+        for known in self._digests:  # every digest compared: timing does not tell which one matched
+            matched |= hmac.compare_digest(digest, known)
+        return 200 if matched else 401
+
+
 class BasicAuth:
     """Checks credentials against bcrypt hashes off the event loop, remembering outcomes."""
 
@@ -359,12 +422,12 @@ class WebAccess:
         self._clock = clock
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="bcrypt")
         self.config = load(self.path)
-        self._context, self._auth = self._build(self.config)
+        self._context, self._auth, self._bearer = self._build(self.config)
         self._stamps = self._stat(self.config)
         self._checked = clock()
         self.reloads = 0
-        if self.config.tls is None and not self.config.users:
-            log.warning("web config %s enables neither TLS nor basic auth", self.path)
+        if self.config.tls is None and not self.config.authenticates:
+            log.warning("web config %s enables neither TLS nor basic auth nor bearer tokens", self.path)
 
     @property
     def tls(self) -> bool:
@@ -376,17 +439,22 @@ class WebAccess:
 
     async def authorize(self, authorization: str | None) -> int:
         self._maybe_reload()
-        if self._auth is None:
+        if self._auth is None and self._bearer is None:
             return 200
+        if self._bearer is not None and parse_bearer(authorization) is not None:
+            return self._bearer.authorize(authorization)
+        if self._auth is None:
+            return 401
         return await self._auth.authorize(authorization)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _build(self, config: WebConfig) -> tuple[ssl.SSLContext | None, BasicAuth | None]:
+    def _build(self, config: WebConfig) -> tuple[ssl.SSLContext | None, BasicAuth | None, BearerAuth | None]:
         context = server_context(config.tls) if config.tls is not None else None
         auth = BasicAuth(config.users, self._executor) if config.users else None
-        return context, auth
+        bearer = BearerAuth(config.tokens) if config.tokens else None
+        return context, auth, bearer
 
     def _stat(self, config: WebConfig) -> tuple[tuple[int, int, int] | None, ...]:
         paths = (self.path, *(config.tls.files if config.tls else ()))
@@ -412,13 +480,13 @@ class WebAccess:
             config = load(self.path)
             if (config.tls is None) != (self.config.tls is None):
                 raise WebConfigError("turning TLS on or off needs a restart of the agent")
-            context, auth = self._build(config)
+            context, auth, bearer = self._build(config)
         except WebConfigError as error:
             log.warning("web config %s changed but cannot be used: %s; keeping the previous settings",
                         self.path, error)
             return
-        self.config, self._context, self._auth = config, context, auth
+        self.config, self._context, self._auth, self._bearer = config, context, auth, bearer
         self._stamps = self._stat(config)
         self.reloads += 1
-        log.info("web config %s reloaded (TLS %s, %d basic-auth user(s))", self.path,
-                 "on" if context else "off", len(config.users))
+        log.info("web config %s reloaded (TLS %s, %d basic-auth user(s), %d bearer token(s))", self.path,
+                 "on" if context else "off", len(config.users), len(config.tokens))

@@ -74,7 +74,7 @@ def _influx_sink(config: cfg.AgentConfig) -> InfluxSink | None:
 
 
 def web_access(config: cfg.AgentConfig) -> WebAccess | None:
-    """TLS and basic auth from the web config file, checked before anything starts; None without one."""
+    """TLS, basic auth and bearer tokens from the web config file, checked before anything starts; None without one."""
     if config.web_config is None:
         return None
     from flopwatch.exporters.webconfig import WebAccess, WebConfigError

@@ -94,7 +94,7 @@ FIELDS: dict[str, Field] = {
     "dry_run": Field(parse_boolean, True, "true or false: true writes the plan and the commands, runs none"),
     "scheduler": Field(_choice("slurm", "kubernetes"), "slurm", "slurm or kubernetes"),
     "listen": Field(_listen, "127.0.0.1:9848", "HOST:PORT of the webhook and /metrics"),
-    "web_config": Field(_text, "", "a web config file (TLS, basic-auth users), as the agent's --web-config"),
+    "web_config": Field(_text, "", "a web config file (TLS, basic auth, bearer tokens), as the agent's --web-config"),
     "max_body": Field(_count, 1 << 20, "the largest webhook body in bytes"),
     "alertmanager": Field(_url, "", "Alertmanager's URL: alerts are reconciled from it and pages sent to it"),
     "reconcile_interval": Field(_seconds, 120.0, "a duration like 2m: how often Alertmanager is read back"),

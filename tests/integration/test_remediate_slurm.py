@@ -305,14 +305,18 @@ def test_sigkill_mid_drain_and_restart_drains_once_and_agrees_with_slurm(
 def test_webhook_refuses_strangers_and_bad_payloads_and_acts_on_nothing(
         tmp_path: Path, cluster: SlurmCluster, pager: WebhookReceiver) -> None:
     import base64
+    import hashlib
 
     import bcrypt
 
+    # Alertmanager sends a bearer token (its http_config.authorization); people and scripts basic auth.
+    token = "tok-" + "7f" * 16
     web = tmp_path / "web.yml"
-    web.write_text(yaml.safe_dump({"basic_auth_users": {"am": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()}}))
-    auth = "Basic " + base64.b64encode(b"am:s3cret").decode()
+    web.write_text(yaml.safe_dump({"basic_auth_users": {"ops": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()},
+                                   "bearer_tokens": {"alertmanager": hashlib.sha256(token.encode()).hexdigest()}}))
+    auth = "Basic " + base64.b64encode(b"ops:s3cret").decode()
     alertmanager, remediator = start(tmp_path, cluster, pager, http_config={
-        "basic_auth": {"username": "am", "password": "s3cret"}}, web_config=str(web), max_body=4096)
+        "authorization": {"type": "Bearer", "credentials": token}}, web_config=str(web), max_body=4096)
 
     def post(body: bytes, authorization: str = auth) -> int:
         request = urllib.request.Request(remediator.url + "/alerts", body, method="POST",
@@ -328,7 +332,8 @@ def test_webhook_refuses_strangers_and_bad_payloads_and_acts_on_nothing(
         before = metric(remediator, "flopwatch_remediation_webhook_requests_total", auth, code="401")  # readiness
         answers = {
             "no credentials": post(xid.encode(), ""),
-            "wrong password": post(xid.encode(), "Basic " + base64.b64encode(b"am:guess").decode()),
+            "wrong password": post(xid.encode(), "Basic " + base64.b64encode(b"ops:guess").decode()),
+            "wrong token": post(xid.encode(), "Bearer " + token[:-1] + "0"),
             "not JSON": post(b"{not json"),
             "not a notification": post(b'{"alerts": "none"}'),
             "a bad alert": post(b'{"alerts": [{"status": "firing", "labels": {"node": "node08"}}]}'),
@@ -338,15 +343,15 @@ def test_webhook_refuses_strangers_and_bad_payloads_and_acts_on_nothing(
         refused = metric(remediator, "flopwatch_remediation_webhook_requests_total", auth, code="401") - before
         malformed = metric(remediator, "flopwatch_remediation_webhook_requests_total", auth, code="400")
         states = cluster.node_states()
-        # Alertmanager, with the credentials, gets through
+        # Alertmanager, with its token, gets through
         fire(alertmanager, alert("FlopWatchGpuXidCritical", "node08", xid="79"))
         wait_for(lambda: cluster.node_states()["node08"][1] == XID_REASON, 30, "node08 drained")
     finally:
         remediator.stop()
         alertmanager.stop()
-    assert answers == {"no credentials": 401, "wrong password": 401, "not JSON": 400, "not a notification": 400,
-                       "a bad alert": 400, "too large": 413}
-    assert (refused, malformed) == (2, 3)
+    assert answers == {"no credentials": 401, "wrong password": 401, "wrong token": 401, "not JSON": 400,
+                       "not a notification": 400, "a bad alert": 400, "too large": 413}
+    assert (refused, malformed) == (3, 3)
     assert {s for s, _ in states.values()} == {"idle"}, "a refused request must not act"
 
 

@@ -48,7 +48,7 @@ def test_a_jobs_gpus_are_mapped_while_it_runs_and_unmapped_when_it_ends(cluster:
     job = slurm.submit("gpu01", gpus=2)
     slurm.wait_for(lambda: slurm.jobs().get(job, ("",))[0] == "RUNNING", 30, f"job {job} running")
     # slurmd reports the job RUNNING as it starts the allocation prolog, not when the prolog ends.
-    slurm.wait_for(lambda: (mapping / "users" / job).exists(), 30, "the prolog to write the job's mapping")
+    slurm.wait_for((mapping / "users" / job).exists, 30, "the prolog to write the job's mapping")
     files = sorted(p.name for p in mapping.iterdir() if p.is_file() and not p.name.startswith("."))
     assert files == ["0", "1"], "one file per allocated GPU index (SLURM_JOB_GPUS), none for GPU 2"
     assert [(mapping / name).read_text() for name in files] == [f"{job}\n", f"{job}\n"]
