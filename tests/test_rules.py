@@ -182,7 +182,10 @@ def test_summaries_state_figures_to_three_significant_digits() -> None:
 
 def test_straggler_alerts_name_rank_and_cause() -> None:
     stragglers = [rule for rule in alerts() if rule["alert"] == "FlopWatchStraggler"]
-    assert len(stragglers) == 4
+    assert len(stragglers) == 6
+    assert {rule["labels"]["detector"] for rule in stragglers} == {
+        "corroborated", "data_phase", "rank_only", "own_history", "gpu_clock"}
+    assert all(rule["annotations"].get("evidence") for rule in stragglers if rule["labels"]["detector"] != "gpu_clock")
     text = "\n".join(rule["expr"] for rule in stragglers)
     for cause in re.findall(r'"cause", "(\w+)"', text):
         assert cause in STRAGGLER_CAUSES
@@ -192,7 +195,9 @@ def test_straggler_alerts_name_rank_and_cause() -> None:
     candidates = [rule["expr"] for rule in rules()
                   if rule.get("record") in ("job_id_rank:flopwatch_straggler_corroborated:ratio",
                                             "job_id_rank:flopwatch_straggler_uncorroborated:ratio")]
-    assert len(candidates) == 2
+    candidates.append(next(rule["expr"] for rule in rules()
+                           if rule.get("record") == "job_id_rank:flopwatch_straggler_own_history:ratio"))
+    assert len(candidates) == 3
     assert all("job_id:flopwatch_straggler_ranks:count >= 8" in expr for expr in candidates)
     assert "job_id:flopwatch_gpus_scored:count >= 8" in text
     scored = next(rule["expr"] for rule in rules() if rule.get("record") == "job_id:flopwatch_gpus_scored:count")

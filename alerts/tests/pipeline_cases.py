@@ -86,7 +86,7 @@ def _straggler(job: Job, rank: int, description: str, summary: str) -> dict:
     return {"exp_labels": {"alertname": "FlopWatchStraggler", "severity": "[[ sev.page ]]", "detector": "rank_only",
                            "cause": "unknown", "job_id": job.job_id, "node": f"{job.job_id}-n{stage}",
                            "gpu": str(dp_rank), "rank": str(rank), "stage": str(stage), "dp_rank": str(dp_rank)},
-            "exp_annotations": {"summary": summary, "description": description,
+            "exp_annotations": {"summary": summary, "description": description, "evidence": "peers",
                                 "runbook_url": "[[ runbooks ]]#flopwatchstraggler"}}
 
 

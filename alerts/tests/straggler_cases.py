@@ -106,6 +106,7 @@ class Case:
     checks: str
     ranks: int = 8
     job_id: str = "llm"
+    stages: int = 0                     # pipeline stages: ranks split into this many equal groups (0: no label)
     train: bool = True                  # ranks report steps and phases
     gpus: bool = True                   # GPU series (job, clock, utilization, up)
     compute: dict[int, str] = field(default_factory=dict)     # rank -> compute phase values
@@ -118,7 +119,8 @@ class Case:
     after_all: list[tuple[str, str]] = field(default_factory=list)
 
     def rank_labels(self, rank: int) -> str:
-        return f'{target(node_of(rank))},job_id="{self.job_id}",rank="{rank}",gpu="{rank % 4}"'
+        stage = f',stage="{rank // (self.ranks // self.stages)}"' if self.stages else ""
+        return f'{target(node_of(rank))},job_id="{self.job_id}",rank="{rank}",gpu="{rank % 4}"{stage}'
 
     def series(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -189,6 +191,7 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 1 (rank 5) 8% slower and rising, cause thermal"
               description: "Rank 5 of job llm on n1 GPU 1 takes 8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 8.02% longer than on the job's median GPU."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
     "power": """\
@@ -200,6 +203,7 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 2 (rank 2) 5% slower and rising, cause power"
               description: "Rank 2 of job llm on n0 GPU 2 takes 5% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: power - power-cap or power-brake clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 6.39% longer than on the job's median GPU."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
     "pcie": """\
@@ -211,6 +215,7 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 3 (rank 7) 5% slower and rising, cause pcie"
               description: "Rank 7 of job llm on n1 GPU 3 takes 5% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: pcie - its PCIe link is narrower than its maximum or replaying."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
     "host_cpu": """\
@@ -222,21 +227,25 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 0 (rank 0) 9.45% slower and rising, cause host_cpu"
               description: "Rank 0 of job llm on n0 GPU 0 takes 9.45% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "1", rank: "1", cause: host_cpu}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 1 (rank 1) 10.5% slower and rising, cause host_cpu"
               description: "Rank 1 of job llm on n0 GPU 1 takes 10.5% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "2", rank: "2", cause: host_cpu}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 2 (rank 2) 8.36% slower and rising, cause host_cpu"
               description: "Rank 2 of job llm on n0 GPU 2 takes 8.36% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "3", rank: "3", cause: host_cpu}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 3 (rank 3) 9.45% slower and rising, cause host_cpu"
               description: "Rank 3 of job llm on n0 GPU 3 takes 9.45% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
     "unknown": """\
@@ -249,6 +258,7 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 2 (rank 6) 7.8% slower, cause unknown"
               description: "Rank 6 of job llm on n1 GPU 2 takes 7.8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. Probable cause: unknown - no telemetry of its GPU or node explains it."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
     "recovery": """\
@@ -260,6 +270,7 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 2 (rank 6) 7.8% slower and rising, cause unknown"
               description: "Rank 6 of job llm on n1 GPU 2 takes 7.8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: unknown - no telemetry of its GPU or node explains it."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
       - {eval_time: 190s, alertname: FlopWatchStraggler, exp_alerts: []}
       - {eval_time: 195s, alertname: FlopWatchStraggler, exp_alerts: []}
@@ -274,6 +285,69 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 1 (rank 1) 10.8% slower and rising, cause dataloader"
               description: "Rank 1 of job llm on n0 GPU 1 takes 10.8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: dataloader - its data loading takes most of the extra time."
+              evidence: peers
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
+    "own_pair": """\
+    alert_rule_test:
+      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 75s, alertname: FlopWatchStraggler, exp_alerts: []}
+      - eval_time: 100s
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: llm, node: n0, gpu: "3", rank: "3", stage: "1", cause: unknown}
+            exp_annotations:
+              summary: "Straggler in job llm: n0 GPU 3 (rank 3) 40% slower than its own best, cause unknown"
+              description: "Rank 3 of job llm on n0 GPU 3 takes 40% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while its peer in pipeline stage 1 did not slow as much and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: unknown - no telemetry of its GPU or node explains it."
+              evidence: own history
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+      - eval_time: 3m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: llm, node: n0, gpu: "3", rank: "3", stage: "1", cause: unknown}
+            exp_annotations:
+              summary: "Straggler in job llm: n0 GPU 3 (rank 3) 40% slower than its own best, cause unknown"
+              description: "Rank 3 of job llm on n0 GPU 3 takes 40% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while its peer in pipeline stage 1 did not slow as much and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: unknown - no telemetry of its GPU or node explains it."
+              evidence: own history
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
+    "own_stage": """\
+    alert_rule_test:
+      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 90s, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 2m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 3m, alertname: FlopWatchStraggler, exp_alerts: []}
+""",
+    "own_single": """\
+    alert_rule_test:
+      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - eval_time: 2m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: llm, node: n1, gpu: "1", rank: "5", stage: "5", cause: thermal}
+            exp_annotations:
+              summary: "Straggler in job llm: n1 GPU 1 (rank 5) 30% slower than its own best, cause thermal"
+              description: "Rank 5 of job llm on n1 GPU 1 takes 30% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while it has no peer to compare with (pipeline stage 5 has one rank) and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs."
+              evidence: own history
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
+    "own_job": """\
+    alert_rule_test:
+      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 90s, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 2m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 3m, alertname: FlopWatchStraggler, exp_alerts: []}
+""",
+    "own_both": """\
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: rank_only, job_id: llm, node: n1, gpu: "2", rank: "6", cause: unknown}
+            exp_annotations:
+              summary: "Straggler in job llm: n1 GPU 2 (rank 6) 27.4% slower, cause unknown"
+              description: "Rank 6 of job llm on n1 GPU 2 takes 27.4% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. Probable cause: unknown - no telemetry of its GPU or node explains it."
+              evidence: peers and its own history (30% slower than its own best)
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
     "jitter": """\
@@ -330,6 +404,7 @@ CHECKS = {
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 1 (rank 5) 8% slower and rising, cause nic"
               description: "Rank 5 of job llm on n1 GPU 1 takes 8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: nic - InfiniBand errors, link downs or transmit waits on the node (a port to switch leaf1: see whether the switch is degraded)."
+              evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
     "nic_noise": """\
@@ -398,6 +473,19 @@ def cases() -> list[Case]:
              "rank 0's GPU reports sw_power_cap at full clock (common and harmless)", CHECKS["jitter"],
              steps_per_sample=1, compute=JITTER,
              after_gpu={("n0", 0): event("n0", 0, "sw_power_cap", "1x40")}),
+        Case("a worker of a two-rank pipeline stage slowing 1.4x pages on its own history alone (its peer score "
+             "reads 1.17 against a median of two, which cannot vote); its peer is not paged", CHECKS["own_pair"],
+             stages=4, compute={3: slowed(5, 7)}),
+        Case("a whole stage slowing together (both ranks of stage 1, 1.4x) is no straggler", CHECKS["own_stage"],
+             stages=4, compute={2: slowed(4.95, 6.93), 3: slowed(5, 7)}),
+        Case("a stage of one rank (dp 1) slowing 1.3x pages on its own history, with its GPU's thermal evidence",
+             CHECKS["own_single"], stages=8, compute={5: slowed(5, 6.5)},
+             gpu_values={("n1", 1, "gpu_sm_clock_hertz"): "1980e6x11 1523e6x28"},
+             after_gpu={("n1", 1): event("n1", 1, "sw_thermal", "0x11 1x28")}),
+        Case("a job whose every rank slows together (dp 1, 8 stages, 1.3x) pages nobody", CHECKS["own_job"],
+             stages=8, compute={rank: slowed(STEPS * HEALTHY[rank], STEPS * HEALTHY[rank] * 1.3) for rank in range(8)}),
+        Case("a rank 30% slow in a group large enough to vote pages on its peers, and its own history corroborates",
+             CHECKS["own_both"], compute={6: slowed(4.9, 6.37)}),
         Case("must not fire with fewer than 8 ranks, even with a throttled slow rank", CHECKS["few_ranks"], ranks=4,
              job_id="small", per_step=(1.0, 1.12, 1.0, 1.0),
              gpu_values={("n0", 1, "gpu_sm_clock_hertz"): "1760e6x40"},

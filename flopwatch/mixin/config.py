@@ -178,6 +178,9 @@ class Stragglers:
     stage_margin: float = 0.1
     stage_step_time_lost: float = 0.02
     stage_for: Duration = Duration("10m")
+    vote_min_peers: int = 3
+    own_history: Duration = Duration("1h")
+    own_margin: float = 0.15
 
 
 @dataclass(frozen=True)

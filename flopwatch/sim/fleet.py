@@ -293,7 +293,7 @@ class Fleet:
         if not fault.start <= t < fault.end:
             return
         kind, slowdown = fault.kind, fault.slowdown
-        step_extra = slowdown * state.runner.target_wall if state is not None else 0.0
+        step_extra = slowdown * state.runner.healthy_step if state is not None else 0.0
         if kind == "thermal_throttle":
             gpu.faults.thermal = slowdown
         elif kind == "power_cap":

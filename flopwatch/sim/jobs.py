@@ -22,10 +22,16 @@ in `comm` for the bottleneck and the bubble, then the data-parallel all-reduce a
 follow. `sequence_imbalance: X` gives a random
 quarter of the ranks up to X more compute each step, so the slowest rank moves from step to step.
 A job without either draws exactly the random numbers it drew before (same seed, same output).
+`pipeline.reweight` changes the stage weights from a given time on (a whole stage slowing mid-run,
+on every data-parallel replica): the same draws, other weights, and its lost time is stage class.
 
 Trace jobs replay a What-if trace's per-worker phases step by step (flopwatch.traces.whatif); the
 study's what-if analysis beside the trace is their truth (straggler badput and share lost per step
-wall x (1 - 1/S_step)), and the worker it blames when single workers explain the slowdown.
+wall x (1 - 1/S_step)), and the worker it blames when single workers explain the slowdown. Faults
+act on a trace's workers as on simulated ranks (compute over speed, extra data and other seconds):
+a worker's extra time first uses up its wait above the step's comm floor (in a pipeline it waited
+for a slower stage anyway), and what is left lengthens the step for every worker; that growth is
+worker-class time lost on top of the study's.
 
 Each step also carries what ground truth needs, in FlopWatch's operational definition (the one
 the straggler badput truth uses too): the time lost is the mean over ranks of the wait beyond the
@@ -125,6 +131,7 @@ class JobRunner:
     trace_classes: tuple[float, float] = (0.0, 0.0)   # the study's M_W, M_S
     trace_stage_slowdown: dict[int, float] = field(default_factory=dict)
     trace_dp_slowdown: dict[int, float] = field(default_factory=dict)
+    reweighted: int = 0                       # `pipeline.reweight` changes in force so far
 
     def __post_init__(self) -> None:
         model: GpuModel = self.fleet.gpu_model
@@ -173,8 +180,8 @@ class JobRunner:
     def slow_stage(self) -> int | None:
         """The stage that is heavier by design (stage weights, or the study's by-stage slowdown), if any."""
         pipe = self.spec.pipeline
-        if pipe is not None:
-            weights = pipe.stage_weights
+        if pipe is not None:   # the most imbalanced of the job's weights, at start or after a reweight
+            weights = max((pipe.stage_weights, *(w for _, w in pipe.reweight)), key=lambda w: max(w) / min(w))
             return int(np.argmax(weights)) if max(weights) > SLOW_STAGE_RATIO * min(weights) else None
         if self.trace_stage_slowdown and self.trace_classes[1] > SLOW_STAGE_MIN_SHARE:
             return max(self.trace_stage_slowdown, key=self.trace_stage_slowdown.get)
@@ -206,6 +213,14 @@ class JobRunner:
         stage = max(self.trace_stage_slowdown, key=self.trace_stage_slowdown.get)
         at = np.flatnonzero((self.dp_rank == dp) & (self.stage == stage))
         return (int(at[0]), self.trace_dp_slowdown[dp] - 1.0) if at.size else None
+
+    @property
+    def healthy_step(self) -> float:
+        """The step a host or network fault's `slowdown` is a fraction of: the target step, or a
+        replayed trace's mean recorded step (its model and target MFU only label its FLOPs)."""
+        if self.trace_phases is None:
+            return self.target_wall
+        return float(self.trace_phases.sum(axis=2)[:, 0].mean())
 
     def all_reduce_seconds(self) -> float:
         """Ring all-reduce of bf16 gradients: 2(n-1)/n x bytes over the slowest link in the ring."""
@@ -298,7 +313,15 @@ class JobRunner:
             self.steps_since_checkpoint += 1
         return result
 
+    def _reweight(self) -> None:
+        """Take up the `pipeline.reweight` stage weights whose time has come (at the step's start)."""
+        changes = self.spec.pipeline.reweight if self.spec.pipeline is not None else ()
+        while self.reweighted < len(changes) and self.clock >= changes[self.reweighted][0]:
+            self.weight = np.asarray(changes[self.reweighted][1], dtype=float)[self.stage]
+            self.reweighted += 1
+
     def _physics_step(self) -> StepResult:
+        self._reweight()
         data, compute, other = self._arrival_factors(self.rng, (self.ranks,))
         if self.spec.pipeline is not None or self.spec.sequence_imbalance:
             compute = (compute + self._sequence_extra(self.rng, (self.ranks,))) * self.weight
@@ -325,6 +348,8 @@ class JobRunner:
         assert self.trace_phases is not None
         phases = self.trace_phases[self.trace_index % len(self.trace_phases)]
         self.trace_index += 1
+        recorded = float(phases[0].sum())
+        phases, grown = self._trace_faults(phases)
         wall = float(phases[0].sum())
         comm = phases[:, PHASES.index("comm")]
         floor = float(comm.min())
@@ -332,13 +357,40 @@ class JobRunner:
                             phases={name: phases[:, i].copy() for i, name in enumerate(PHASES)})
         if self.trace_slowdown is None:   # no published analysis: the wait above the comm floor
             lost, worker, stage = float(comm.mean() - floor), 0.0, 0.0
-        else:   # the study is the truth: its per-step slowdown S, split by its M_W and M_S
-            lost = wall * (1 - 1 / self.trace_slowdown[(self.trace_index - 1) % len(self.trace_slowdown)])
+            scattered = max(0.0, lost)
+        else:   # the study is the truth: its per-step slowdown S of the step as recorded, split by its
+            # M_W and M_S; what the faults added to the step is worker-class time lost on top
+            lost = recorded * (1 - 1 / self.trace_slowdown[(self.trace_index - 1) % len(self.trace_slowdown)])
             worker = min(1.0, max(0.0, self.trace_classes[0])) * lost
             stage = min(lost - worker, max(0.0, self.trace_classes[1]) * lost)
+            scattered = max(0.0, lost - worker - stage)
+            lost, worker = lost + grown, worker + grown
         result.waiting = result.lost_seconds = lost
-        result.lost_by_class = {"worker": worker, "stage": stage, "scattered": max(0.0, lost - worker - stage)}
+        result.lost_by_class = {"worker": worker, "stage": stage, "scattered": scattered}
         return result
+
+    def _trace_faults(self, phases: np.ndarray) -> tuple[np.ndarray, float]:
+        """A trace step's phases under the faults' slowdowns, and the seconds the step grew by.
+
+        Each worker's compute is divided by its speed and its data and other phases grow by the
+        faults' extra seconds. That extra time first uses up the worker's wait above the step's comm
+        floor (the least any worker spent in comm: the collective's own time); what is left
+        lengthens the step, and every other worker waits that much longer in comm. A comm fault
+        adds its seconds to every worker's comm. Unchanged (and 0.0) without an active fault.
+        """
+        s = self.slow
+        if s.speed.min() >= 1.0 and not s.data_extra.any() and not s.other_extra.any() and not s.comm_extra:
+            return phases, 0.0
+        out = phases.copy()
+        c, d, o, m = (PHASES.index(name) for name in ("compute", "data", "other", "comm"))
+        out[:, c] = phases[:, c] / s.speed
+        out[:, d] = phases[:, d] + s.data_extra
+        out[:, o] = phases[:, o] + s.other_extra
+        extra = (out[:, c] - phases[:, c]) + s.data_extra + s.other_extra
+        slack = phases[:, m] - float(phases[:, m].min())
+        grown = float(np.maximum(extra - slack, 0.0).max())
+        out[:, m] = phases[:, m] + grown + s.comm_extra - extra
+        return out, grown
 
     def restart(self, at: float, lost_steps: int) -> None:
         """After a crash the job resumes at `at` and must redo the steps since its last checkpoint."""
