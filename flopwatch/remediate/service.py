@@ -56,6 +56,7 @@ class Remediator:
         self.reconcile_errors = 0
         self.last_reconcile = 0.0
         self.wake = threading.Event()
+        self.started = threading.Event()   # set after the first pass: journal settled, Alertmanager read
         self._lock = threading.Lock()
         self._checks = ThreadPoolExecutor(2, thread_name_prefix="health")
         self._checking: set[str] = set()
@@ -263,6 +264,7 @@ class Remediator:
             elif woken:
                 self.reconcile(keep_received=True)
             self.step()
+            self.started.set()
             self.wake.wait(min(TICK_S, max(0.05, next_reconcile - time.monotonic())))
         self._checks.shutdown(wait=False, cancel_futures=True)
 

@@ -67,7 +67,9 @@ def serve(remediator: Remediator, host: str, port: int, access: WebAccess | None
     def route(path: str) -> Response:
         if path == "/metrics":
             return Response(200, generate_latest(registry))
-        if path == "/-/ready":
+        if path == "/-/ready":  # only once the first pass has read the scheduler and Alertmanager
+            if not remediator.started.is_set():
+                return Response(503, b"starting: settling the journal and reading Alertmanager\n", "text/plain")
             return Response(200, b"ready\n", "text/plain")
         return Response(404, b"not found\n", "text/plain")
 

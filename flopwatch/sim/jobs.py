@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flopwatch.hardware import GpuModel
-from flopwatch.sim.scenario import FleetSpec, JobSpec, PipelineSpec
+from flopwatch.sim.scenario import FleetSpec, JobSpec
+from flopwatch.sim.scenario_pipeline import PipelineSpec
 from flopwatch.train.wire import PHASES
 
 NIC_BYTES_PER_S = 50e9          # 400 Gb/s per rail (NDR InfiniBand / 400G RoCE)

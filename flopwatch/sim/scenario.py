@@ -25,6 +25,7 @@ from typing import Any
 from flopwatch import yamlfile
 from flopwatch.hardware import GpuModel, known_names, model_by_name
 from flopwatch.sim import failures as failure_draws
+from flopwatch.sim.scenario_pipeline import PipelineSpec, parse_pipeline
 
 # The field reader's names are part of this module's interface (callers import them from here).
 from flopwatch.sim.scenario_reader import (  # noqa: F401
@@ -81,20 +82,6 @@ DEFAULT_SLOWDOWN = {
     "switch_degrade": 0.5, "uplink_slow": 0.5, "spine_degrade": 0.5, "cable_flap": 0.05,
 }
 
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """Pipeline parallelism of a job: stages, each stage's relative compute, micro-batches (1F1B).
-
-    `reweight` holds (at, stage_weights) pairs in time order: from scenario time `at` on, the stages
-    do that much work (a stage slowing mid-run on every data-parallel replica, not a fault).
-    """
-
-    stages: int
-    stage_weights: tuple[float, ...]
-    micro_batches: int
-    reweight: tuple[tuple[float, tuple[float, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,44 +243,6 @@ TRACE_DEFAULT_MODEL = {"params": 7e9, "layers": 32, "heads": 32, "head_dim": 128
 TRACE_DEFAULT_TOKENS = 1_048_576
 
 
-def _pipeline(r: Reader, ranks: int) -> PipelineSpec | None:
-    """`pipeline: {stages, stage_weights, micro_batches, reweight}`; ranks must split evenly into stages."""
-    if not r.has("pipeline"):
-        return None
-    where = r.path("pipeline")
-    p = Reader(r.raw("pipeline"), where)
-    p.check_keys({"stages", "stage_weights", "micro_batches", "reweight"})
-    stages = p.integer("stages", 1, 1024)
-    stage_weights = _stage_weights(p, stages)
-    micro = p.integer("micro_batches", 1, 100_000, max(1, 4 * stages))
-    if ranks % stages:
-        raise ScenarioError(f"{where}.stages: the job's {ranks} ranks do not split evenly into {stages} stages")
-    changes_raw = p.raw("reweight", [])
-    if not isinstance(changes_raw, list):
-        raise ScenarioError(f"{where}.reweight: expected a list of {{at, stage_weights}}, got {changes_raw!r}")
-    changes: list[tuple[float, tuple[float, ...]]] = []
-    for i, item in enumerate(changes_raw):
-        c = Reader(item, f"{where}.reweight[{i}]")
-        c.check_keys({"at", "stage_weights"})
-        if not c.has("stage_weights"):
-            raise ScenarioError(f"{c.path('stage_weights')}: required field is missing")
-        at = c.duration("at")
-        if changes and at <= changes[-1][0]:
-            raise ScenarioError(f"{c.path('at')}: must come after the previous change's")
-        changes.append((at, _stage_weights(c, stages)))
-    return PipelineSpec(stages, stage_weights, micro, tuple(changes))
-
-
-def _stage_weights(r: Reader, stages: int) -> tuple[float, ...]:
-    """`stage_weights`: one relative compute per stage (all 1.0 when absent)."""
-    where = r.path("stage_weights")
-    weights_raw = r.raw("stage_weights", [1.0] * stages)
-    if not isinstance(weights_raw, list) or len(weights_raw) != stages:
-        raise ScenarioError(f"{where}: expected a list of {stages} numbers (one per stage), got {weights_raw!r}")
-    weights = Reader({str(i): w for i, w in enumerate(weights_raw)}, where)
-    return tuple(weights.number(str(i), 0.05, 20) for i in range(stages))
-
-
 def _trace(r: Reader, base: Path) -> TraceSpec | None:
     """`trace: PATH` (relative to the scenario file) or `trace: whatif:AR` (a trace FlopWatch ships),
     with `time_scale` and `loop`; read once to check it."""
@@ -368,7 +317,7 @@ def _job(data: Any, where: str, fleet: FleetSpec, duration: float, base: Path | 
         user=r.text("user", "ml-team"), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
         recompute=bool(r.raw("recompute", False)),
-        pipeline=_pipeline(r, len(nodes) * fleet.gpus_per_node),
+        pipeline=parse_pipeline(r, len(nodes) * fleet.gpus_per_node),
         sequence_imbalance=r.number("sequence_imbalance", 0, 5, 0.0), trace=trace,
     )
 
