@@ -162,6 +162,24 @@ def event(node: str, gpu: int, reason: str, values: str) -> list[tuple[str, str]
     return [(gpu_series("gpu_clock_event_active", node, gpu, f',reason="{reason}"'), values),
             (gpu_series("gpu_clock_event_reasons", node, gpu), mask)]
 
+#: The own_history page of rank 3 in the two-rank stage 1 (the own_pair case), as promtool reads it.
+OWN_PAIR_ALERT = """\
+          - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: llm, node: n0, gpu: "3", rank: "3", stage: "1", cause: unknown}
+            exp_annotations:
+              summary: "Straggler in job llm: n0 GPU 3 (rank 3) 40% slower than its own best, cause unknown"
+              description: "Rank 3 of job llm on n0 GPU 3 takes 40% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while its peer in pipeline stage 1 did not slow as much and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: unknown - no telemetry of its GPU or node explains it."
+              evidence: own history
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+"""
+#: No FlopWatchStraggler from 1 to 3 minutes: what must never page.
+QUIET_TO_3M = """\
+    alert_rule_test:
+      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 90s, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 2m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - {eval_time: 3m, alertname: FlopWatchStraggler, exp_alerts: []}
+"""
+
 CHECKS = {
     "thermal": """\
     promql_expr_test:
@@ -295,29 +313,11 @@ CHECKS = {
       - eval_time: 100s
         alertname: FlopWatchStraggler
         exp_alerts:
-          - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: llm, node: n0, gpu: "3", rank: "3", stage: "1", cause: unknown}
-            exp_annotations:
-              summary: "Straggler in job llm: n0 GPU 3 (rank 3) 40% slower than its own best, cause unknown"
-              description: "Rank 3 of job llm on n0 GPU 3 takes 40% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while its peer in pipeline stage 1 did not slow as much and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: unknown - no telemetry of its GPU or node explains it."
-              evidence: own history
-              runbook_url: [[ runbooks ]]#flopwatchstraggler
-      - eval_time: 3m
+""" + OWN_PAIR_ALERT + """      - eval_time: 3m
         alertname: FlopWatchStraggler
         exp_alerts:
-          - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: llm, node: n0, gpu: "3", rank: "3", stage: "1", cause: unknown}
-            exp_annotations:
-              summary: "Straggler in job llm: n0 GPU 3 (rank 3) 40% slower than its own best, cause unknown"
-              description: "Rank 3 of job llm on n0 GPU 3 takes 40% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while its peer in pipeline stage 1 did not slow as much and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: unknown - no telemetry of its GPU or node explains it."
-              evidence: own history
-              runbook_url: [[ runbooks ]]#flopwatchstraggler
-""",
-    "own_stage": """\
-    alert_rule_test:
-      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
-      - {eval_time: 90s, alertname: FlopWatchStraggler, exp_alerts: []}
-      - {eval_time: 2m, alertname: FlopWatchStraggler, exp_alerts: []}
-      - {eval_time: 3m, alertname: FlopWatchStraggler, exp_alerts: []}
-""",
+""" + OWN_PAIR_ALERT + """""",
+    "own_stage": QUIET_TO_3M,
     "own_single": """\
     alert_rule_test:
       - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
@@ -331,13 +331,7 @@ CHECKS = {
               evidence: own history
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
-    "own_job": """\
-    alert_rule_test:
-      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
-      - {eval_time: 90s, alertname: FlopWatchStraggler, exp_alerts: []}
-      - {eval_time: 2m, alertname: FlopWatchStraggler, exp_alerts: []}
-      - {eval_time: 3m, alertname: FlopWatchStraggler, exp_alerts: []}
-""",
+    "own_job": QUIET_TO_3M,
     "own_both": """\
     alert_rule_test:
       - eval_time: 3m
