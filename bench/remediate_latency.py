@@ -64,7 +64,6 @@ from typing import Any
 import yaml
 
 from flopwatch import resources, yamlfile
-from flopwatch.catalog.remediate import LAST_RECONCILE
 from flopwatch.commands import demo
 from flopwatch.detect import detect
 from flopwatch.detect import rules as rule_files
@@ -269,18 +268,6 @@ def watch_drains(cluster: SlurmCluster, nodes: Sequence[str], poll: float,
     return seen, gaps[1:]
 
 
-def wait_reconciled(remediator: RemediateProcess, timeout: float = 30.0) -> None:
-    """Until the service's first read of Alertmanager is done (its /-/ready answers before): an
-    alert posted earlier would be drained by that read, not by the webhook."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(remediator.url + "/metrics", timeout=5) as answer:
-            if any(line.startswith(LAST_RECONCILE.name + "{") for line in answer.read().decode().splitlines()):
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"the remediator did not read Alertmanager within {timeout:g}s")
-
-
 def expected_reason(labels: Mapping[str, str]) -> str:
     """The reason FlopWatch gives Slurm for a drain on this alert."""
     return reason(Alert(labels["alertname"], labels, True, 0.0))
@@ -304,9 +291,8 @@ def one_round(faults: Sequence[DrainFault], wiring: str, trial: int, poll: float
                 "reconcile_interval": "1h",
                 "breaker": {"max_nodes": len(nodes), "partition_share": 1, "switch_share": 1}}}))
             remediator = RemediateProcess(settings, env={"SLURM_CONF": str(cluster.conf_path)}, port=port)
-            remediator.start()
+            remediator.start()   # ready once its first pass has read Alertmanager (/-/ready is 503 until then)
             try:
-                wait_reconciled(remediator)
                 starts = _fire(alertmanager.url, faults, routed)
                 drained, gaps = watch_drains(cluster, routed, poll)
                 out["poll_gaps_s"] = gaps
