@@ -327,7 +327,7 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: llm, node: n1, gpu: "1", rank: "5", stage: "5", cause: thermal}
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 1 (rank 5) 30% slower than its own best, cause thermal"
-              description: "Rank 5 of job llm on n1 GPU 1 takes 30% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while it has no peer to compare with (pipeline stage 5 has one rank) and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs."
+              description: "Rank 5 of job llm on n1 GPU 1 takes 30% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while it has no peer to compare with (pipeline stage 5 has one rank) and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 30% longer than on the job's median GPU."
               evidence: own history
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
