@@ -198,7 +198,7 @@ def test_straggler_alerts_name_rank_and_cause() -> None:
     candidates.append(next(rule["expr"] for rule in rules()
                            if rule.get("record") == "job_id_rank:flopwatch_straggler_own_history:ratio"))
     assert len(candidates) == 3
-    assert all("job_id:flopwatch_straggler_ranks:count >= 8" in expr for expr in candidates)
+    assert all("job_id:flopwatch_straggler_job_ranks:max >= 8" in expr for expr in candidates)
     assert "job_id:flopwatch_gpus_scored:count >= 8" in text
     scored = next(rule["expr"] for rule in rules() if rule.get("record") == "job_id:flopwatch_gpus_scored:count")
     assert scored == "count by (job_id) (node_gpu:flopwatch_gpu_straggler_score:ratio)"

@@ -390,6 +390,23 @@ def test_pipeline_coordinates_become_labels_and_the_comm_floor_a_gauge():
     assert reg.get("flopwatch_train_comm_min_seconds", job_id="job-a", rank="2", gpu="2") is None   # no block yet
 
 
+def test_the_job_size_its_ranks_declare_is_one_gauge_per_job_and_absent_when_unsaid():
+    """A shard scraping a few nodes of a large job judges their ranks by the job's whole size."""
+    intake = _intake()
+    now = time.monotonic()
+    intake.handle(_datagram(rank=9, gpu=1, pp_stage=3, pp_size=4, tp_rank=1, tp_size=8, dp_rank=1, dp_size=2),
+                  now, 1000.0)
+    intake.handle(_datagram(rank=10, gpu=2, pp_stage=3, pp_size=4, tp_rank=2, tp_size=8, dp_rank=1, dp_size=2),
+                  now, 1000.0)
+    intake.handle(_datagram(job="ddp", rank=3, dp_rank=3, dp_size=16), now, 1000.0)   # no stages or tensor groups
+    intake.handle(_datagram(job="plain", rank=0), now, 1000.0)                        # sizes not said
+    intake.update()
+    reg = _Registry(intake)
+    assert reg.get("flopwatch_train_job_ranks", job_id="job-a") == 64
+    assert reg.get("flopwatch_train_job_ranks", job_id="ddp") == 16
+    assert reg.get("flopwatch_train_job_ranks", job_id="plain") is None
+
+
 def test_two_ranks_claiming_one_place_in_a_job_are_refused_and_counted():
     intake = _intake()
     now = time.monotonic()

@@ -108,6 +108,7 @@ class Case:
     job_id: str = "llm"
     stages: int = 0                     # pipeline stages: ranks split into this many equal groups (0: no label)
     train: bool = True                  # ranks report steps and phases
+    job_ranks: int = 0                  # ranks in the whole job as its clients declare (0: not said)
     gpus: bool = True                   # GPU series (job, clock, utilization, up)
     compute: dict[int, str] = field(default_factory=dict)     # rank -> compute phase values
     steps: dict[int, str] = field(default_factory=dict)       # rank -> step counter values
@@ -135,6 +136,10 @@ class Case:
                 # what the agent exports beside the phases: data + compute + other (none here)
                 arrival = added(compute, self.data[rank]) if rank in self.data else compute
                 out.append((f"flopwatch_train_arrival_seconds_total{{{labels}}}", arrival))
+            if self.job_ranks:
+                for node in sorted({node_of(rank) for rank in range(self.ranks)}):
+                    out.append((f'flopwatch_train_job_ranks{{{target(node)},job_id="{self.job_id}"}}',
+                                f"{self.job_ranks}x{SAMPLES}"))
         if self.gpus:
             for rank in range(self.ranks):
                 node, gpu = node_of(rank), rank % 4
@@ -359,6 +364,38 @@ CHECKS = {
       - {eval_time: 2m, alertname: FlopWatchStraggler, exp_alerts: []}
       - {eval_time: 3m, alertname: FlopWatchStraggler, exp_alerts: []}
 """,
+    "shard_part": """\
+    promql_expr_test:
+      - expr: job_id:flopwatch_straggler_job_ranks:max
+        eval_time: 2m
+        exp_samples:
+          - labels: 'job_id:flopwatch_straggler_job_ranks:max{job_id="big"}'
+            value: 64
+    alert_rule_test:
+      - {eval_time: 55s, alertname: FlopWatchStraggler, exp_alerts: []}
+      - eval_time: 2m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: big, node: n0, gpu: "1", rank: "1", cause: thermal}
+            exp_annotations:
+              summary: "Straggler in job big: n0 GPU 1 (rank 1) 9% slower and rising, cause thermal"
+              description: "Rank 1 of job big on n0 GPU 1 takes 9% longer per step to reach the gradient collective than the median rank of its peers (of 64 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 8.02% longer than on the job's median GPU."
+              evidence: peers
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
+    "shard_pair": """\
+    alert_rule_test:
+      - {eval_time: 1m, alertname: FlopWatchStraggler, exp_alerts: []}
+      - eval_time: 3m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: own_history, job_id: big, node: n0, gpu: "1", rank: "1", stage: "0", cause: unknown}
+            exp_annotations:
+              summary: "Straggler in job big: n0 GPU 1 (rank 1) 40% slower than its own best, cause unknown"
+              description: "Rank 1 of job big on n0 GPU 1 takes 40% longer per step to reach its collective than in its own fastest 2 minutes of the last 1 hour, while its peer in pipeline stage 0 did not slow as much and most of the job's ranks kept their pace: its group is too small (under [[ c.stragglers.vote_min_peers ]] ranks) for a vote among peers. Every rank of the job waits for it. Probable cause: unknown - no telemetry of its GPU or node explains it."
+              evidence: own history
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
     "job_ends": """\
     alert_rule_test:
       - {eval_time: 100s, alertname: FlopWatchStraggler, exp_alerts: []}
@@ -484,6 +521,13 @@ def cases() -> list[Case]:
              job_id="small", per_step=(1.0, 1.12, 1.0, 1.0),
              gpu_values={("n0", 1, "gpu_sm_clock_hertz"): "1760e6x40"},
              after_gpu={("n0", 1): event("n0", 1, "sw_thermal", "1x40")}),
+        Case("a shard holding 4 ranks of a 64-rank job (its clients say so) names a thermal straggler among them",
+             CHECKS["shard_part"], ranks=4, job_id="big", job_ranks=64, compute={1: slowed(5.05, 5.45)},
+             gpu_values={("n0", 1, "gpu_sm_clock_hertz"): "1980e6x11 1833e6x28"},
+             after_gpu={("n0", 1): event("n0", 1, "sw_thermal", "0x11 1x28")}),
+        Case("a shard holding 2 ranks of a stage of a 64-rank job - the one slowing 1.4x pages on its own history, "
+             "its peer does not", CHECKS["shard_pair"], ranks=2, job_id="big", job_ranks=64, stages=1,
+             compute={1: slowed(5.05, 7.07)}),
         Case("must not fire when a job ends (ranks stop a step apart, GPUs idle one by one, series go)",
              CHECKS["job_ends"], steps={**{r: "0+5x20 _x19" for r in range(8)}, 3: "0+5x19 99 _x20"},
              compute={**ended, 3: "0+5x19 99 _x20"}, gpu_values=job_end_gpus()),

@@ -80,6 +80,13 @@ REPLAYED_STEP_SECONDS = Metric(
     "flopwatch_train_step_seconds_sum is: its increase over that of the histogram's sum is the "
     "share of step time lost to redoing iterations (lost progress).", ("job_id",),
 )
+JOB_RANKS = Metric(
+    "flopwatch_train_job_ranks", "gauge", "",
+    "Ranks in the whole job as its clients declare it (pipeline stages x tensor-parallel x "
+    "data-parallel size), the largest any of its ranks on this node declares. A Prometheus that "
+    "scrapes only some of a large job's nodes (one shard of several) judges their ranks as ranks of "
+    "a job this large. Absent for clients that do not say their data-parallel size.", ("job_id",),
+)
 LAST_STEP = Metric(
     "flopwatch_train_last_step_timestamp_seconds", "gauge", "seconds",
     "Unix time the agent received this rank's last completed step (a hang shows as a growing age).",

@@ -44,7 +44,7 @@ SCRAPE_JOB = "flopwatch"
 
 TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.CHECKPOINT_SECONDS,
                  t.LAST_STEP, t.COMM_MIN, t.ITERATION, t.FLOPS_PER_STEP, t.STEP_SECONDS, t.REPLAYED_STEPS,
-                 t.REPLAYED_STEP_SECONDS)
+                 t.REPLAYED_STEP_SECONDS, t.JOB_RANKS)
 
 
 def supported_names() -> set[str]:
@@ -273,7 +273,8 @@ class FastSampler:
     def _histogram(self, state: JobState, placed: list[tuple[SimNode, int]]) -> Iterator[Group]:
         hist = t.STEP_SECONDS
         names = [hist.name + suffix for suffix in ("_bucket", "_count", "_sum")]
-        if not any(name in self.wanted for name in (*names, t.REPLAYED_STEPS.name, t.REPLAYED_STEP_SECONDS.name)):
+        if not any(name in self.wanted for name in (*names, t.REPLAYED_STEPS.name, t.REPLAYED_STEP_SECONDS.name,
+                                                    t.JOB_RANKS.name)):
             return
         c = state.counters
         gpn = state.runner.fleet.gpus_per_node
@@ -293,3 +294,7 @@ class FastSampler:
                 labels = self._group((name, job_id, len(placed)), lambda name=name, label_names=label_names: tuple(
                     self.labels.get(name, label_names, (node.name, job_id)) for node, _ in placed))
                 yield labels, [float(per_rank * n) for n in local]
+        if t.JOB_RANKS.name in self.wanted:   # the job's whole size on every node it runs on
+            labels = self._group((t.JOB_RANKS.name, job_id, len(placed)), lambda: tuple(
+                self.labels.get(t.JOB_RANKS.name, t.JOB_RANKS.all_labels, (node.name, job_id)) for node, _ in placed))
+            yield labels, [float(state.runner.ranks)] * len(placed)

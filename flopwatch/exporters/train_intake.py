@@ -56,7 +56,7 @@ RECV_SIZE = wire.MAX_DATAGRAM + 1   # one byte more than the largest valid datag
 
 class _Rank:
     __slots__ = ("allowance", "analytic", "bits", "comm_min", "coords", "dp_rank", "gpu", "gpu_index", "identity",
-                 "instance", "iteration", "job", "key", "last_step", "measured", "rank", "seen", "stage")
+                 "instance", "iteration", "job", "job_ranks", "key", "last_step", "measured", "rank", "seen", "stage")
 
     def __init__(self, job: str, rank: int, key: tuple[bytes, int]) -> None:
         self.job, self.rank, self.key = job, rank, key
@@ -68,6 +68,7 @@ class _Rank:
         self.analytic = self.measured = 0.0
         self.coords: tuple[int, int, int] | None = None   # (stage, dp rank, tp rank) it claims in its job
         self.stage, self.dp_rank = "0", ""
+        self.job_ranks = 0                   # ranks in its whole job as it declares them (0: not said)
         self.comm_min: float | None = None   # its comm floor, once it has completed a block of steps
         self.iteration: int | None = None    # the training iteration of its last step, when it says
         self.last_step = 0.0        # wall time the steps count last grew
@@ -108,6 +109,7 @@ class _Snapshot:
     ranks: tuple[tuple[str, str, str, str, str, tuple, float, float, float, float | None, int | None], ...] = ()
     jobs: tuple[tuple[str, tuple[int, ...], float], ...] = ()
     replayed: tuple[tuple[str, int, float], ...] = ()     # jobs whose ranks report iterations
+    job_ranks: tuple[tuple[str, int], ...] = ()           # jobs whose ranks declare their sizes
     accepted: int = 0
     rejected: tuple[tuple[str, int], ...] = ()
 
@@ -288,6 +290,7 @@ class TrainIntake:
         stage, dp_rank = record[wire.I_PP_STAGE], record[wire.I_DP_RANK]
         state.stage = str(stage) if stage >= 0 else "0"
         state.dp_rank = str(dp_rank) if dp_rank >= 0 else ""
+        state.job_ranks = _job_ranks(record)
         state.comm_min = record[wire.I_COMM_MIN] if record[wire.I_COMM_MIN_STEPS] else None
         if record[wire.I_GPU] != state.gpu_index:
             state.gpu_index = record[wire.I_GPU]
@@ -337,10 +340,13 @@ class TrainIntake:
                         del self._jobs[key[0]]
             ranks = []
             histograms: dict[bytes, list] = {}     # job -> [seconds, count per bucket...]
+            sizes: dict[str, int] = {}             # job -> the most ranks one of its ranks declares
             for (job, _), state in self._ranks.items():
                 totals = wire.totals_of(state.bits)
                 ranks.append((state.job, str(state.rank), state.gpu, state.stage, state.dp_rank, totals,
                               state.analytic, state.measured, state.last_step, state.comm_min, state.iteration))
+                if state.job_ranks > sizes.get(state.job, 0):
+                    sizes[state.job] = state.job_ranks
                 sums = histograms.get(job)
                 if sums is None:
                     record = self._jobs[job]
@@ -351,7 +357,8 @@ class TrainIntake:
             jobs = tuple((self._jobs[job].name, tuple(sums[1:]), sums[0]) for job, sums in histograms.items())
             replayed = tuple((record.name, record.replays.steps, record.replays.seconds)
                              for record in self._jobs.values() if record.replays.marks)
-            self._snapshot = _Snapshot(tuple(ranks), jobs, replayed, self.accepted, tuple(self.rejected.items()))
+            self._snapshot = _Snapshot(tuple(ranks), jobs, replayed, tuple(sizes.items()), self.accepted,
+                                       tuple(self.rejected.items()))
         return 1 if self.reader_failed else 0
 
     def collect(self) -> Iterator[Family]:
@@ -395,13 +402,16 @@ class TrainIntake:
         for job, count, seconds in snap.replayed:
             replayed_steps.add_metric([node, job], count)
             replayed_seconds.add_metric([node, job], seconds)
+        job_ranks = m.JOB_RANKS.family()
+        for job, size in snap.job_ranks:
+            job_ranks.add_metric([node, job], size)
         accepted = m.EVENTS_ACCEPTED.family()
         accepted.add_metric([node], snap.accepted)
         rejected = m.EVENTS_REJECTED.family()
         for reason, count in snap.rejected:
             rejected.add_metric([node, reason], count)
         for family in (steps, tokens, model, hardware, phase, arrival, checkpoint, last, comm_min, iteration,
-                       histogram, replayed_steps, replayed_seconds, per_step, dropped, accepted, rejected):
+                       histogram, replayed_steps, replayed_seconds, job_ranks, per_step, dropped, accepted, rejected):
             if family.samples:
                 yield family
 
@@ -425,6 +435,13 @@ def _coordinates(record: tuple) -> tuple[int, int, int] | None:
     if record[wire.I_DP_RANK] < 0:
         return None
     return record[wire.I_PP_STAGE], record[wire.I_DP_RANK], record[wire.I_TP_RANK]
+
+
+def _job_ranks(record: tuple) -> int:
+    """Ranks in the sender's whole job (stages x tensor-parallel x data-parallel size, an unknown
+    stage or tensor size counting 1), or 0 when it does not say its data-parallel size."""
+    data = record[wire.I_DP_SIZE]
+    return max(record[wire.I_PP_SIZE], 1) * max(record[wire.I_TP_SIZE], 1) * data if data > 0 else 0
 
 
 def _le(bound: float) -> str:

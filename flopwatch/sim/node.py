@@ -155,6 +155,7 @@ class SimTrainCollector(_NodeCollector):
             # per node and job, over its local ranks (the intake sums its ranks' replays the same way)
             m.REPLAYED_STEPS: [float(c.replayed_steps * local)],
             m.REPLAYED_STEP_SECONDS: [c.replayed_seconds * local],
+            m.JOB_RANKS: [float(runner.ranks)],
         }
         for metric, found in values.items():
             if not found:
@@ -186,7 +187,8 @@ class SimTrainCollector(_NodeCollector):
                 m.CHECKPOINT_SECONDS: [(*key, "save") for key in labels],
                 m.COMM_MIN: labels if comm_min else [],
                 m.FLOPS_PER_STEP: [(key[0], key[1], key[2], "analytic") for key in labels],
-                m.REPLAYED_STEPS: [labels[0][:2]], m.REPLAYED_STEP_SECONDS: [labels[0][:2]]}
+                m.REPLAYED_STEPS: [labels[0][:2]], m.REPLAYED_STEP_SECONDS: [labels[0][:2]],
+                m.JOB_RANKS: [labels[0][:2]]}
 
     def collect(self) -> Iterator[Family]:
         return self.blocks().families()
