@@ -14,13 +14,23 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NewType
+from typing import Any, NewType, NoReturn
 
 import yaml
 
 from flopwatch import catalog, durations, yamlfile
 from flopwatch.config import ConfigError
 from flopwatch.mixin import names, scrape
+from flopwatch.mixin.topology import (
+    DEFAULT_CLUSTER,
+    DEFAULT_REPLICA_LABEL,
+    DEFAULT_REPLICAS,
+    DEFAULT_SHARD_LABEL,
+    AlertmanagerPeer,
+    GlobalTier,
+    Shard,
+    Topology,
+)
 
 #: A Prometheus duration as written in PromQL (`30s`, `1m30s`, `6h`).
 Duration = NewType("Duration", str)
@@ -34,11 +44,17 @@ ScrapeInterval = NewType("ScrapeInterval", str)
 LabelName = NewType("LabelName", str)
 #: The `dtype` label value of the peak FLOP/s that MFU divides by (bf16, fp16, fp8, tf32...).
 Dtype = NewType("Dtype", str)
+#: A shard's name or a replica's label value: it names files too (prometheus-<shard>-<replica>.yml).
+TierName = NewType("TierName", str)
+#: host:port of an Alertmanager's gossip listener.
+HostPort = NewType("HostPort", str)
 
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _SELECTOR = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*)?$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DTYPE = re.compile(r"^[a-z0-9_]+$")
+_TIER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_HOST_PORT = re.compile(r"^(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$")
 
 
 def duration_seconds(text: str) -> float:
@@ -213,6 +229,8 @@ class MixinConfig:
     dcgm: Dcgm = field(default_factory=Dcgm)
     stragglers: Stragglers = field(default_factory=Stragglers)
     interruptions: Interruptions = field(default_factory=Interruptions)
+    #: Shards, global tier and Alertmanager cluster (docs/configuration.md, "Topology"); None: one Prometheus.
+    topology: Topology | None = None
 
 
 def yaml_key(name: str) -> str:
@@ -257,6 +275,12 @@ def _scalar(kind: Any, value: Any) -> tuple[Any, str]:
     if kind is Dtype:
         ok = text is not None and _DTYPE.match(text) is not None
         return (text if ok else None), "a dtype label value like bf16, fp16 or fp8"
+    if kind is TierName:
+        ok = text is not None and _TIER_NAME.match(text) is not None
+        return (text if ok else None), "a name of letters, digits, '-', '_' and '.' like shard-1 (it names files)"
+    if kind is HostPort:
+        ok = text is not None and _HOST_PORT.match(text) is not None
+        return (text if ok else None), "host:port of the Alertmanager's gossip listener, like am-1:9094"
     ok = text is not None and _LABEL.match(text) is not None
     return (text if ok else None), "a label value of letters, digits and underscores"
 
@@ -315,10 +339,117 @@ def load(path: str | Path | None = None) -> MixinConfig:
         raise ConfigError(str(error)) from None
     if node is None:
         return MixinConfig()
-    return _build(MixinConfig, node, path, "")
+    topology = None
+    if isinstance(node, yaml.MappingNode):   # read last: it is checked against labels and stragglers
+        topology = next((pair for pair in node.value if pair[0].value == "topology"), None)
+        node.value = [pair for pair in node.value if pair is not topology]
+    config = _build(MixinConfig, node, path, "")
+    return config if topology is None else dataclasses.replace(config, topology=_topology(topology[1], path, config))
+
+
+# --- topology: lists of mappings, checked against the rest of the settings ----------------------
+def _fail(path: Path, node: yaml.Node, where: str, what: str) -> NoReturn:
+    raise ConfigError(f"{path}:{node.start_mark.line + 1}: {where}: {what}")
+
+
+def _entries(node: yaml.Node, path: Path, where: str, keys: dict[str, bool]) -> dict[str, yaml.Node]:
+    """The values of mapping `node` by key; an unknown key, or a missing one that `keys` marks True, fails."""
+    if not isinstance(node, yaml.MappingNode):
+        _fail(path, node, where, f"expected a mapping of {', '.join(keys)}")
+    found = {}
+    for key_node, value_node in node.value:
+        if key_node.value not in keys:
+            raise ConfigError(f"{path}:{key_node.start_mark.line + 1}: unknown setting "
+                              f"{where + '.' + key_node.value!r} (known here: {', '.join(keys)})")
+        found[key_node.value] = value_node
+    missing = [key for key, required in keys.items() if required and key not in found]
+    if missing:
+        _fail(path, node, where, f"missing {', '.join(missing)}")
+    return found
+
+
+def _items(node: yaml.Node, path: Path, where: str, example: str) -> list[yaml.Node]:
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        _fail(path, node, where, f"expected a list of at least one, like {example}")
+    return list(node.value)
+
+
+def _value(node: yaml.Node, path: Path, where: str, kind: Any) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        _fail(path, node, where, "expected a single value, not a list or mapping")
+    raw = yaml.safe_load(yaml.serialize(node))
+    value, expected = _scalar(kind, raw)
+    if value is None:
+        _fail(path, node, where, f"expected {expected}, got {raw!r}")
+    return value
+
+
+def _shard(node: yaml.Node, path: Path, where: str, config: MixinConfig) -> Shard:
+    entries = _entries(node, path, where, {"name": True, "replicas": False, "gpus": False})
+    name = _value(entries["name"], path, f"{where}.name", TierName)
+    replicas = DEFAULT_REPLICAS
+    if "replicas" in entries:
+        items = _items(entries["replicas"], path, f"{where}.replicas", "[a, b]")
+        replicas = tuple(_value(item, path, f"{where}.replicas", TierName) for item in items)
+        for position, item in enumerate(items):
+            if replicas[position] in replicas[:position]:
+                replica = replicas[position]
+                _fail(path, item, f"{where}.replicas", f"replica {replica!r} is listed twice in shard {name!r}")
+    gpus = None
+    if "gpus" in entries:
+        gpus = _value(entries["gpus"], path, f"{where}.gpus", int)
+        if gpus < config.stragglers.vote_min_peers:
+            _fail(path, entries["gpus"], f"{where}.gpus", f"{gpus} GPUs are fewer than stragglers.vote_min_peers "
+                  f"({config.stragglers.vote_min_peers}): no peer group in this shard could vote; merge it into "
+                  "another shard")
+    return Shard(name, replicas, gpus)
+
+
+def _topology(node: yaml.Node, path: Path, config: MixinConfig) -> Topology:
+    """The `topology:` section: shards, the global tier's URLs and the Alertmanager cluster."""
+    entries = _entries(node, path, "topology", {"cluster": False, "shard_label": False, "replica_label": False,
+                                                "shards": True, "global": True, "alertmanagers": True})
+    cluster = DEFAULT_CLUSTER if "cluster" not in entries else _value(entries["cluster"], path, "topology.cluster",
+                                                                       TierName)
+    labels = {"labels.cluster": config.labels.cluster}
+    for key, default, role in (("shard_label", DEFAULT_SHARD_LABEL, "the shards"),
+                               ("replica_label", DEFAULT_REPLICA_LABEL, "the replicas of a shard")):
+        given = entries.get(key)
+        label = default if given is None else _value(given, path, f"topology.{key}", LabelName)
+        taken = next((name for name, value in labels.items() if value == label), None)
+        if taken:
+            _fail(path, given or node, f"topology.{key}", f"{label!r} is already the label of {taken}: "
+                  f"{role} need a label of their own")
+        labels[f"topology.{key}"] = label
+    shards: list[Shard] = []
+    for index, item in enumerate(_items(entries["shards"], path, "topology.shards", "[{name: shard-1}]")):
+        shard = _shard(item, path, f"topology.shards[{index}]", config)
+        if shard.name in [other.name for other in shards]:
+            _fail(path, item, f"topology.shards[{index}].name", f"shard {shard.name!r} is listed twice")
+        shards.append(shard)
+    urls = _entries(entries["global"], path, "topology.global", {"write_url": True, "read_url": True})
+    tier = GlobalTier(*(_value(urls[key], path, f"topology.global.{key}", Url) for key in ("write_url", "read_url")))
+    members = []
+    for index, item in enumerate(_items(entries["alertmanagers"], path, "topology.alertmanagers",
+                                        "[{url: http://am-1:9093, peer: am-1:9094}]")):
+        where = f"topology.alertmanagers[{index}]"
+        member = _entries(item, path, where, {"url": True, "peer": True})
+        members.append(AlertmanagerPeer(_value(member["url"], path, f"{where}.url", Url),
+                                        _value(member["peer"], path, f"{where}.peer", HostPort)))
+        if members[-1].url in [other.url for other in members[:-1]]:
+            _fail(path, member["url"], f"{where}.url", f"Alertmanager {members[-1].url} is listed twice")
+    return Topology(tuple(shards), tier, tuple(members), labels["topology.replica_label"], cluster,
+                    labels["topology.shard_label"])
+
+
+def _as_yaml(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return as_dict(value)
+    return [_as_yaml(item) for item in value] if isinstance(value, tuple) else value
 
 
 def as_dict(config: Any) -> dict[str, Any]:
-    """Settings as YAML writes them (`for_` as `for`), for docs and tests."""
-    return {yaml_key(f.name): as_dict(getattr(config, f.name)) if dataclasses.is_dataclass(getattr(config, f.name))
-            else getattr(config, f.name) for f in dataclasses.fields(config)}
+    """Settings as YAML writes them (`for_` as `for`, a field's `yaml` metadata as its key), for docs
+    and tests; an optional section that is absent (None, such as no topology) is left out."""
+    return {field_.metadata.get("yaml", yaml_key(field_.name)): _as_yaml(getattr(config, field_.name))
+            for field_ in dataclasses.fields(config) if getattr(config, field_.name) is not None}
