@@ -124,14 +124,17 @@ def test_the_global_set_is_the_job_alerts_and_the_records_they_need(
     recorded_in_shards = {r[1] for text in shard.values() for group in rules_of(text).values() for r in group}
     raw = re.compile("|".join(render.SERIES.values()))
     for name in forwarded:                 # what a shard writes is what a shard has: raw series or its records
-        assert name == "up" or raw.fullmatch(name) or name in recorded_in_shards, name
+        assert name in ("up", "ALERTS") or raw.fullmatch(name) or name in recorded_in_shards, name
         assert name not in recorded_here, name
     read = set().union(*(tiers.series_in(rule["expr"]) for text in global_.values()
                          for group in yaml.safe_load(text)["groups"] for rule in group["rules"]))
     assert read <= recorded_here | set(forwarded)                   # nothing read is missing from the tier
+    # and the report runs there whole: what it reads is forwarded or recorded by the global rules
+    assert tiers.report_names() <= recorded_here | set(forwarded)
+    assert {"flopwatch_gpu_energy_joules_total", "ALERTS"} <= set(forwarded)
 
 
-def test_forwarded_names_are_exactly_what_the_global_rules_read(forwarded: list[str]) -> None:
+def test_forwarded_names_are_what_the_global_rules_and_the_report_read(forwarded: list[str]) -> None:
     assert forwarded == sorted(set(forwarded))
     for name in ("flopwatch_train_model_flops_total", "node_gpu:flopwatch_gpu_utilization_ratio:max",
                  "job_id_gpu:flopwatch_gpu_job_info:max", "job_id_rank:flopwatch_arrival_seconds_per_step:increase2m"):

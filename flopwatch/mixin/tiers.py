@@ -34,6 +34,7 @@ from flopwatch.mixin import build, render
 from flopwatch.mixin.config import MixinConfig
 from flopwatch.mixin.scrape import Scrape
 from flopwatch.mixin.topology import Topology
+from flopwatch.report.queries import every_query
 
 #: The job-level alerts: they fire once per job, from the global tier only.
 JOB_ALERTS: frozenset[str] = frozenset({
@@ -206,13 +207,20 @@ def _template_series(text: str) -> set[str]:
 
 
 def forwarded_names(config: MixinConfig) -> list[str]:
-    """Sorted: every series name the global rules read (expressions and annotation queries) and do
-    not record themselves: what each shard remote-writes to the global tier, and nothing else."""
-    return _forwarded(global_rules(config).values())
+    """Sorted: every series name the global rules read (expressions and annotation queries) or
+    `flopwatch report` reads, and that the global rules do not record themselves: what each shard
+    remote-writes to the global tier, and nothing else. The report's names make it (and the fleet
+    and job figures it gives) whole on the global tier for jobs that span shards."""
+    return _forwarded(global_rules(config).values(), report_names())
 
 
-def _forwarded(global_texts: Iterable[str]) -> list[str]:
-    recorded, read = set(), set()
+def report_names() -> set[str]:
+    """The series names `flopwatch report` reads (ALERTS included: the shards' straggler pages)."""
+    return {name for query in every_query() for name in series_in(query.expr)}
+
+
+def _forwarded(global_texts: Iterable[str], also_read: Iterable[str] = ()) -> list[str]:
+    recorded, read = set(), set(also_read)
     for text in global_texts:
         for group in yaml.safe_load(text)["groups"]:
             for rule in group["rules"]:
@@ -332,7 +340,7 @@ def outputs(config: MixinConfig, rules_dir: Path) -> dict[Path, str]:
     relative to topology/)."""
     topology = _topology(config)
     shard_files, global_files = shard_rules(config), global_rules(config)
-    forwarded = _forwarded(global_files.values())
+    forwarded = _forwarded(global_files.values(), report_names())
     files = {rules_dir / "shard" / name: text for name, text in shard_files.items()}
     files |= {rules_dir / "global" / name: text for name, text in global_files.items()}
     folder = rules_dir / "topology"

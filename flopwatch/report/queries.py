@@ -21,7 +21,7 @@ from typing import Literal
 
 from flopwatch.catalog import gpu, host, job, nic, train
 from flopwatch.report.settings import ReportSettings
-from flopwatch.report.window import Grid, Window
+from flopwatch.report.window import Grid, Window, grid_for
 from flopwatch.train import wire
 
 ALERTS_STRAGGLER = 'ALERTS{alertname="FlopWatchStraggler", alertstate="firing"}'
@@ -445,3 +445,19 @@ def probe_queries(settings: ReportSettings, window: Window) -> list[Query]:
         Query("probe_train", "training telemetry", f"max(count_over_time({train.STEPS.name}[{span}]))", at=window.end),
         Query("probe_prev", "the week before", f"max(count_over_time({gpu.UP.name}[{span}]))", at=window.start),
     ]
+
+
+def every_query(settings: ReportSettings | None = None) -> list[Query]:
+    """One query of every kind the report sends, over a nominal week (an incident's detail and a
+    GPU's owner included): the series a store must hold for the report to be complete there, such
+    as the global tier that shards forward to (flopwatch.mixin.tiers)."""
+    settings = settings or ReportSettings()
+    window = Window(0.0, 7 * 86400.0)
+    grid = grid_for(window, None)
+    builder = QueryBuilder(settings, window, grid, None)
+    return [*probe_queries(settings, window), *builder.range_queries(), *builder.counter_queries(),
+            *builder.total_queries(window), *builder.previous_range_queries(grid), *builder.hardware_candidates(),
+            *builder.hardware_ranges({"n0": ["0"]}), *builder.step_time_queries(), builder.straggler_alerts(),
+            builder.straggler_arrivals(), builder.power_fallback(),
+            builder.straggler_detail("detail", "c", "job", "0", "n0", "0", 0.0, 3600.0),
+            builder.gpu_job("owner", "c", "n0", "0", 3600.0)]
