@@ -18,12 +18,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flopwatch"
 #: Top to bottom: a module may import its own package and any package of a lower layer; packages
 #: of one layer import each other only in the base layer (the last). A new package needs a line here.
 #: A dotted entry places one module apart from its package (mixin.names: the alert and record
-#: names, plain data the dashboards read too, below the mixin that renders the dashboards).
+#: names, plain data the dashboards read too, below the mixin that renders the dashboards;
+#: stack.sharded, the two-tier layout on loopback, above the mixin whose topology it starts).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
     ("cli",),
     ("commands",),
-    ("detect",),
+    ("detect", "stack.sharded"),
     ("sim", "mixin", "remediate"),
     ("exporters", "report", "dashboards"),
     ("catalog", "config", "stack", "train", "promql", "topology", "traces", "xid", "hardware", "resources",

@@ -11,13 +11,22 @@ with the simulator's ground truth over the same span (truth.json). Prometheus sc
 on a phase of its own, so the fleet advances once per round of scrapes, in the widest quiet
 stretch between two nodes' scrapes (see Ticker and report_span): every node's samples in the
 report's window are then the fleet's ticks, once each.
+
+With --shards N the same fleet runs on the two-tier layout (flopwatch.stack.sharded): N shards of
+contiguous nodes, cut so the first job spans them all, each an HA pair of Prometheus servers paging
+through a two-member Alertmanager cluster, and a global tier (VictoriaMetrics and vmalert) that the
+view, the report and the summary read. --json FILE writes the alerts the webhook received, one
+entry per incident, in either layout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,8 +41,11 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from flopwatch import resources, yamlfile
+from flopwatch import resources
+from flopwatch.commands.demo_shards import ClockTicker, incidents, nodes_text, shard_nodes, write_json
+from flopwatch.durations import format_duration
 from flopwatch.errors import RuntimeFailure, UsageError
+from flopwatch.mixin.config import MixinConfig, ScrapeInterval
 from flopwatch.promql import PromClient, PromError
 from flopwatch.sim.fleet import Fleet, node_name
 from flopwatch.sim.scenario import Scenario, ScenarioError
@@ -41,6 +53,8 @@ from flopwatch.sim.scenarios import shipped
 from flopwatch.sim.serve import FleetServer
 from flopwatch.sim.ticker import ScrapedFleet, Ticker, report_span
 from flopwatch.stack import Alertmanager, Prometheus, ServerError
+from flopwatch.stack.servers import alertmanager_config
+from flopwatch.stack.sharded import ShardedStack
 from flopwatch.stack.webhook import WebhookReceiver
 
 #: PromQL the view runs; the same expressions a user can paste into Prometheus.
@@ -78,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--truth-out", metavar="FILE",
                         help="the simulator's ground truth over the report's span, as `flopwatch sim --truth-out` "
                         "writes it (default: truth.json next to the report)")
+    parser.add_argument("--shards", type=int, metavar="N",
+                        help="run the two-tier layout instead of one Prometheus: N (2 or more) shards of contiguous "
+                        "nodes, each a Prometheus HA pair, with the first job spanning them all; a global tier "
+                        "(VictoriaMetrics and vmalert) that the view and the report read; an Alertmanager cluster")
+    parser.add_argument("--json", metavar="FILE",
+                        help="write the alerts the webhook received as JSON: one entry per incident (alert name, "
+                        "receiver, node, GPU, rank, cause) with the number of notifications that carried it")
 
 
 @dataclass
@@ -98,7 +119,8 @@ def poll(client: PromClient) -> View:
     return view
 
 
-def render(view: View, pages: list[dict], elapsed: float, prometheus_url: str) -> Group:
+def render(view: View, pages: list[dict], elapsed: float, source: str) -> Group:
+    """The live view; `source` names what it reads ("Prometheus <url>", "global tier <url>")."""
     def scalar(key: str) -> float | None:
         samples = view.values.get(key) or []
         return samples[0].value if samples else None
@@ -134,7 +156,7 @@ def render(view: View, pages: list[dict], elapsed: float, prometheus_url: str) -
     for alert in pages[-6:]:
         labels, notes = alert.get("labels", {}), alert.get("annotations", {})
         paged.add_row(labels.get("alertname", ""), labels.get("severity", ""), notes.get("summary", ""))
-    notes = [f"Prometheus {prometheus_url}"]
+    notes = [source]
     if view.waiting:
         notes.append("waiting for Prometheus's first scrape of every node")
     if view.injected:
@@ -142,25 +164,6 @@ def render(view: View, pages: list[dict], elapsed: float, prometheus_url: str) -
     if view.error:
         notes.append(f"[red]{view.error}[/red]")
     return Group(Panel(head, title="FlopWatch demo"), jobs, stragglers, paged, "  ".join(notes))
-
-
-def alertmanager_config(webhook_url: str) -> dict:
-    """FlopWatch's alertmanager.yml (routes, inhibitions, templates) with every receiver's
-    integrations replaced by the local webhook, so nothing leaves the machine, and waits cut to
-    seconds. A missing config is an error (resources.MissingResource), not a quiet stand-in."""
-    path = resources.file("alerts", "alertmanager.yml")
-    config = yamlfile.load(path, "Alertmanager config")
-    config["templates"] = [str(path.parent / pattern) for pattern in config.get("templates", [])]
-    for receiver in config["receivers"]:
-        for key in [key for key in receiver if key.endswith("_configs")]:
-            del receiver[key]
-        receiver["webhook_configs"] = [{"url": webhook_url, "send_resolved": True}]
-    routes = [config["route"]]
-    while routes:
-        route = routes.pop()
-        route.update(group_wait="1s", group_interval="5s")
-        routes.extend(route.get("routes", []))
-    return config
 
 
 def rule_files() -> list[Path]:
@@ -179,8 +182,9 @@ def run(args: argparse.Namespace) -> int:
             scenario = _resize(scenario, args.nodes)
         except ScenarioError as error:
             raise UsageError(str(error)) from None
+    shards = shard_nodes(scenario, args.shards) if args.shards is not None else None
     try:  # before anything starts: a broken install says what is missing
-        rules = rule_files()
+        rules = rule_files() if shards is None else []   # shards build their rules from the templates
         resources.file("alerts", "alertmanager.yml")
     except resources.MissingResource as error:
         raise RuntimeFailure(str(error)) from None
@@ -196,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
         watched.append(signal.SIGHUP)
     previous = {s: signal.signal(s, on_signal) for s in watched}
     try:
+        if shards is not None:
+            return _run_sharded(args, scenario, shards, stop, ended_by)
         return _run_stack(args, scenario, rules, stop, ended_by)
     finally:
         for signum, handler in previous.items():
@@ -228,7 +234,7 @@ def _run_stack(args: argparse.Namespace, scenario: Scenario, rules: list[Path], 
         client = PromClient(prometheus.url, timeout=10)
         console.print(f"{len(fleet.nodes)} simulated nodes, Prometheus {prometheus.url}, Alertmanager "
                       f"{alertmanager.url}; Ctrl-C stops everything")
-        injected = _live(args, console, client, ticker, webhook, prometheus.url)
+        injected = _live(args, console, client, ticker, webhook, f"Prometheus {prometheus.url}")
         if signal.SIGHUP in ended_by or signal.SIGTERM in ended_by:
             return 0  # nobody is there to read a summary: just stop everything
         start, end, caveat = report_span(server, ticker.ticks, scenario.scrape_interval)
@@ -236,7 +242,7 @@ def _run_stack(args: argparse.Namespace, scenario: Scenario, rules: list[Path], 
         report = _report(prometheus.url, out, start, end)
         truth = _write_truth(fleet, Path(args.truth_out) if args.truth_out else out / "truth.json",
                              (start, end), ticker.ticks, caveat)
-        _summary(console, client, webhook, injected, (report, truth, end, caveat))
+        _summary(console, client, webhook, injected, (report, truth, end, caveat), args.json)
         return 0
     except ServerError as error:
         raise RuntimeFailure(str(error)) from None
@@ -251,8 +257,70 @@ def _run_stack(args: argparse.Namespace, scenario: Scenario, rules: list[Path], 
         server.stop()
 
 
-def _live(args: argparse.Namespace, console: Console, client: PromClient, ticker: Ticker,
-          webhook: WebhookReceiver, prometheus_url: str) -> str:
+def _run_sharded(args: argparse.Namespace, scenario: Scenario, shards: dict[str, list[int]], stop: threading.Event,
+                 ended_by: list[int]) -> int:
+    """_run_stack for the two-tier layout (flopwatch.stack.sharded): the shards scrape their nodes and
+    page, the global tier's vmalert judges jobs, and the view, the report and the summary read the
+    global tier. The fleet ticks on the clock (ClockTicker)."""
+    console = Console(stderr=True)
+    fleet = Fleet(scenario, start_unix=time.time())
+    server = FleetServer(fleet)
+    workdir = Path(tempfile.mkdtemp(prefix="flopwatch-demo-"))
+    webhook = WebhookReceiver().start()
+    ticker = ClockTicker(server, scenario.scrape_interval, args.duration, stop)
+    stack: ShardedStack | None = None
+    try:
+        server.start()
+        targets = server.targets()
+        settings = MixinConfig(scrape_interval=ScrapeInterval(format_duration(scenario.scrape_interval)))
+        stack = ShardedStack(settings, {name: [targets[node] for node in nodes] for name, nodes in shards.items()},
+                             receiver_url=webhook.url, workdir=workdir / "stack").start()
+        ticker.thread.start()
+        client = PromClient(stack.global_url, timeout=10)
+        console.print(f"{len(fleet.nodes)} simulated nodes in {len(shards)} shards "
+                      f"({', '.join(f'{name}: {nodes_text(nodes)}' for name, nodes in shards.items())}), each a "
+                      f"Prometheus pair; global tier {stack.global_url}; Alertmanagers "
+                      f"{', '.join(member.url for member in stack.alertmanagers)}; servers' files in "
+                      f"{stack.workdir}; Ctrl-C stops everything", soft_wrap=True)
+        injected = _live(args, console, client, ticker, webhook, f"global tier {stack.global_url}")
+        if signal.SIGHUP in ended_by or signal.SIGTERM in ended_by:
+            return 0
+        start, end = ticker.span()
+        _caught_up(stack, client, end)
+        out = Path(args.out) if args.out else workdir / "report"
+        report = _report(stack.global_url, out, start, end)
+        truth = _write_truth(fleet, Path(args.truth_out) if args.truth_out else out / "truth.json",
+                             (start, end), ticker.ticks, ClockTicker.CAVEAT)
+        _summary(console, client, webhook, injected, (report, truth, end, ClockTicker.CAVEAT), args.json)
+        return 0
+    except ServerError as error:
+        raise RuntimeFailure(str(error)) from None
+    finally:
+        stop.set()
+        if ticker.thread.is_alive():
+            ticker.thread.join(timeout=30)
+        if stack is not None:
+            stack.stop()
+            if os.environ.get("FLOPWATCH_KEEP_STACK_DIRS") != "1":   # the servers' data, not the report
+                shutil.rmtree(stack.workdir, ignore_errors=True)
+        webhook.stop()
+        server.stop()
+
+
+def _caught_up(stack: ShardedStack, client: PromClient, end: float, timeout: float = 30.0) -> None:
+    """Wait (up to `timeout`) until the shards' remote write has brought the global tier up to `end`:
+    the report must not read a window whose last seconds are still on their way."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.global_store.flush()
+        with contextlib.suppress(PromError):
+            if (client.scalar("min(timestamp(flopwatch_train_model_flops_total))", default=0.0) or 0.0) >= end:
+                return
+        time.sleep(1.0)
+
+
+def _live(args: argparse.Namespace, console: Console, client: PromClient, ticker: Ticker | ClockTicker,
+          webhook: WebhookReceiver, source: str) -> str:
     """The live view while the fleet runs (--duration of simulated time once Prometheus has
     scraped every node) and until `stop`; returns what was injected."""
     inject_after = args.inject_after
@@ -268,7 +336,7 @@ def _live(args: argparse.Namespace, console: Console, client: PromClient, ticker
             if elapsed - shown >= 2.0:
                 view = poll(client)
                 view.injected, view.waiting = injected, ticker.ticks == 0
-                live.update(render(view, webhook.firing(), elapsed, prometheus_url))
+                live.update(render(view, webhook.firing(), elapsed, source))
                 shown = elapsed
             ticker.stop.wait(0.25)
     return injected
@@ -315,7 +383,7 @@ def _write_truth(fleet: Fleet, path: Path, span: tuple[float, float], ticks: int
 
 
 def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, injected: str,
-             written: tuple[str, str, float, str]) -> None:
+             written: tuple[str, str, float, str], json_out: str | None = None) -> None:
     report, truth, end, caveat = written
     try:
         mfu = {s.labels.get("job_id"): s.value for s in client.query(QUERIES["job_mfu"], at=end)}
@@ -334,6 +402,8 @@ def _summary(console: Console, client: PromClient, webhook: WebhookReceiver, inj
     console.print(f"  the simulator's truth over the same span: {truth}")
     if caveat:
         console.print(f"  ({caveat})")
+    if json_out:
+        console.print(f"  alerts received, by incident: {write_json(Path(json_out), incidents(webhook, injected))}")
     console.print("everything stopped.")
 
 

@@ -20,6 +20,7 @@ dropped, and a file left without groups. Each cut is checked against the YAML it
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -206,17 +207,23 @@ def _template_series(text: str) -> set[str]:
     return {name for name in found if ":" in name or _RAW_SERIES.fullmatch(name)}
 
 
+@functools.lru_cache(maxsize=8)
+def _forwarded_for(config: MixinConfig) -> tuple[str, ...]:
+    return tuple(_forwarded(global_rules(config).values(), report_names()))
+
+
 def forwarded_names(config: MixinConfig) -> list[str]:
     """Sorted: every series name the global rules read (expressions and annotation queries) or
     `flopwatch report` reads, and that the global rules do not record themselves: what each shard
     remote-writes to the global tier, and nothing else. The report's names make it (and the fleet
     and job figures it gives) whole on the global tier for jobs that span shards."""
-    return _forwarded(global_rules(config).values(), report_names())
+    return list(_forwarded_for(config))
 
 
-def report_names() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def report_names() -> frozenset[str]:
     """The series names `flopwatch report` reads (ALERTS included: the shards' straggler pages)."""
-    return {name for query in every_query() for name in series_in(query.expr)}
+    return frozenset(name for query in every_query() for name in series_in(query.expr))
 
 
 def _forwarded(global_texts: Iterable[str], also_read: Iterable[str] = ()) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from flopwatch import resources, yamlfile
 from flopwatch.stack import releases
 from flopwatch.stack.process import ServerProcess, free_port
 
@@ -92,6 +93,20 @@ class Prometheus(ReleasedServer):
         if remote_write:
             self.extra_args.append("--storage.remote.flush-deadline=2s")
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any], *, extra_args: Sequence[str] = (), port: int | None = None,
+                    workdir: Path | None = None) -> Prometheus:
+        """A server (not started) running a whole prometheus.yml as given (the sharded layout's,
+        flopwatch.mixin.tiers.prometheus_config), with the same loopback flags as __init__ adds
+        for what the config does: alerts resent every second, remote write flushed on stop."""
+        server = cls(extra_args=extra_args, port=port, workdir=workdir)
+        server.config = dict(config)
+        if config.get("alerting"):
+            server.extra_args.append("--rules.alert.resend-delay=1s")
+        if config.get("remote_write"):
+            server.extra_args.append("--storage.remote.flush-deadline=2s")
+        return server
+
     @property
     def config_path(self) -> Path:
         return self.workdir / "prometheus.yml"
@@ -125,6 +140,25 @@ def ha_pair(scrape_configs: Sequence[dict[str, Any]], *, cluster: str, alertmana
                        **options) for replica in replicas]
 
 
+def alertmanager_config(webhook_url: str) -> dict[str, Any]:
+    """FlopWatch's alertmanager.yml (routes, inhibitions, templates) with every receiver's
+    integrations replaced by the local webhook, so nothing leaves the machine, and waits cut to
+    seconds. A missing config is an error (resources.MissingResource), not a quiet stand-in."""
+    path = resources.file("alerts", "alertmanager.yml")
+    config = yamlfile.load(path, "Alertmanager config")
+    config["templates"] = [str(path.parent / pattern) for pattern in config.get("templates", [])]
+    for receiver in config["receivers"]:
+        for key in [key for key in receiver if key.endswith("_configs")]:
+            del receiver[key]
+        receiver["webhook_configs"] = [{"url": webhook_url, "send_resolved": True}]
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        route.update(group_wait="1s", group_interval="5s")
+        routes.extend(route.get("routes", []))
+    return config
+
+
 class Alertmanager(ReleasedServer):
     """prometheus-alertmanager (Debian package `prometheus-alertmanager`, or the current release
     built from its module): on its own with gossip disabled, or one member of a cluster when given
@@ -151,11 +185,17 @@ class Alertmanager(ReleasedServer):
         self.peer_timeout = peer_timeout
 
     @classmethod
-    def cluster(cls, config: dict[str, Any] | str, size: int = 2, *, peer_timeout: str = "2s") -> list[Alertmanager]:
-        """`size` members (not started) with the same config, each naming every other as a peer."""
+    def cluster(cls, config: dict[str, Any] | str, size: int = 2, *, peer_timeout: str = "2s",
+                workdirs: Sequence[Path] | None = None) -> list[Alertmanager]:
+        """`size` members (not started) with the same config, each naming every other as a peer;
+        each in its own folder of `workdirs` when given (else a temporary one)."""
         ports = [free_port() for _ in range(size)]
+        folders = list(workdirs) if workdirs is not None else [None] * size
+        if len(folders) != size:
+            raise ValueError(f"{size} Alertmanagers need {size} folders, not {len(folders)}")
         return [cls(config, peers=[f"127.0.0.1:{other}" for other in ports if other != own],
-                    cluster_port=own, peer_timeout=peer_timeout) for own in ports]
+                    cluster_port=own, peer_timeout=peer_timeout, workdir=folder)
+                for own, folder in zip(ports, folders, strict=True)]
 
     @property
     def cluster_address(self) -> str | None:
@@ -229,11 +269,26 @@ class VictoriaMetrics(ReleasedServer):
     package = "victoria-metrics"
     ready_path = "/health"
 
+    def __init__(self, port: int | None = None, workdir: Path | None = None, *, extra_args: Sequence[str] = (),
+                 dedup_interval: str | None = None) -> None:
+        super().__init__(port, workdir, extra_args=extra_args)
+        #: -dedup.minScrapeInterval: one sample per series and interval is kept, so the identical
+        #: series an HA pair's two replicas write count once (the global tier's store).
+        self.dedup_interval = dedup_interval
+
     def args(self) -> list[str]:
         return [
             f"-httpListenAddr={self.host}:{self.port}", f"-storageDataPath={self.workdir / 'data'}",
-            "-retentionPeriod=100y", "-search.latencyOffset=0s", "-loggerLevel=WARN", *self.extra_args,
+            "-retentionPeriod=100y", "-search.latencyOffset=0s", "-loggerLevel=WARN",
+            *([f"-dedup.minScrapeInterval={self.dedup_interval}"] if self.dedup_interval else []), *self.extra_args,
         ]
+
+    def flush(self) -> None:
+        """Make every row written so far searchable now (/internal/force_flush, both releases):
+        otherwise rows wait a second or two in memory, and a query that looks for a new series
+        before then can keep missing it for about 10 s (the store caches what a search found)."""
+        with urllib.request.urlopen(self.url + "/internal/force_flush", timeout=10):
+            pass
 
 
 class VmAlert(ReleasedServer):
@@ -262,16 +317,29 @@ class VmAlert(ReleasedServer):
         self.notifiers = list(notifiers)
         self.evaluation_interval = evaluation_interval
         self.external_labels = dict(external_labels or {})
+        self.given_args: list[str] | None = None   # from_args(): the whole configuration as flags
+
+    @classmethod
+    def from_args(cls, args: Sequence[str], *, evaluation_interval: str = "5s", port: int | None = None,
+                  workdir: Path | None = None) -> VmAlert:
+        """A vmalert (not started) on the datasource, remote write, notifiers and rules that `args`
+        name (the sharded layout's, flopwatch.mixin.tiers.vmalert_args), with the loopback flags
+        args() adds: its own listen address, writes flushed every second, no evaluation delay."""
+        server = cls([], "", evaluation_interval=evaluation_interval, port=port, workdir=workdir)
+        server.given_args = list(args)
+        return server
 
     def args(self) -> list[str]:
+        loopback = [f"-httpListenAddr={self.host}:{self.port}", "-remoteWrite.flushInterval=1s",
+                    f"-evaluationInterval={self.evaluation_interval}", "-loggerLevel=WARN",
+                    *(["-rule.evalDelay=0s"] if self.upstream else [])]
+        if self.given_args is not None:
+            return [*loopback, *self.given_args, *self.extra_args]
         return [
-            f"-httpListenAddr={self.host}:{self.port}", f"-datasource.url={self.datasource_url}",
-            f"-remoteWrite.url={self.remote_write_url}", "-remoteWrite.flushInterval=1s",
-            f"-evaluationInterval={self.evaluation_interval}", "-loggerLevel=WARN",
+            *loopback, f"-datasource.url={self.datasource_url}", f"-remoteWrite.url={self.remote_write_url}",
             *(f"-rule={path}" for path in self.rule_files),
             *(f"-notifier.url={url}" for url in self.notifiers),
             *(f"-external.label={name}={value}" for name, value in self.external_labels.items()),
-            *(["-rule.evalDelay=0s"] if self.upstream else []),
             *self.extra_args,
         ]
 
