@@ -131,6 +131,9 @@ def test_the_global_set_is_the_job_alerts_and_the_records_they_need(
     assert read <= recorded_here | set(forwarded)                   # nothing read is missing from the tier
     # and the report runs there whole: what it reads is forwarded or recorded by the global rules
     assert tiers.report_names() <= recorded_here | set(forwarded)
+    # and so do the dashboards whose views cross shards; the node dashboard's own gauges stay home
+    assert tiers.dashboard_names(MixinConfig()) <= recorded_here | set(forwarded)
+    assert "flopwatch_gpu_memory_used_bytes" not in forwarded
     assert {"flopwatch_gpu_energy_joules_total", "ALERTS"} <= set(forwarded)
 
 
@@ -140,10 +143,12 @@ def test_forwarded_names_are_what_the_global_rules_and_the_report_read(forwarded
                  "job_id_gpu:flopwatch_gpu_job_info:max", "job_id_rank:flopwatch_arrival_seconds_per_step:increase2m"):
         assert name in forwarded, name
     for name in ("job_id:flopwatch_mfu:ratio", "job_id:flopwatch_gpus_allocated:count",   # recorded globally
-                 "job_id_rank:flopwatch_straggler_score:ratio",                           # a shard's own judgement
+                 "job_id_rank:flopwatch_straggler_corroborated:ratio",                    # a shard's own judgement
                  "by", "on", "sum", "rate", "job_id", "m"):                               # PromQL, not series
         assert name not in forwarded, name
-    assert not [name for name in forwarded if name.endswith("_bucket")]
+    rules_alone = tiers._forwarded(tiers.global_rules(MixinConfig()).values())
+    assert not [name for name in rules_alone if name.endswith("_bucket")]     # the rules read sums and counts
+    assert set(rules_alone) < set(forwarded)
 
 
 def test_series_in_finds_the_selected_series_only() -> None:

@@ -207,16 +207,44 @@ def _template_series(text: str) -> set[str]:
     return {name for name in found if ":" in name or _RAW_SERIES.fullmatch(name)}
 
 
+#: The dashboards whose views cross shards (the fleet, a job, reliability): they read the global
+#: tier, so what they read is forwarded. The node, network and fabric dashboards drill into one
+#: node, port or switch and read the Prometheus pair of its shard (their `datasource` variable).
+GLOBAL_DASHBOARDS = ("flopwatch-fleet", "flopwatch-job", "flopwatch-reliability")
+
+
 @functools.lru_cache(maxsize=8)
 def _forwarded_for(config: MixinConfig) -> tuple[str, ...]:
-    return tuple(_forwarded(global_rules(config).values(), report_names()))
+    return tuple(_forwarded(global_rules(config).values(), report_names() | dashboard_names(config)))
+
+
+@functools.lru_cache(maxsize=8)
+def dashboard_names(config: MixinConfig) -> frozenset[str]:
+    """The series names GLOBAL_DASHBOARDS' queries read (panels and variables)."""
+    boards = build.dashboards(config)
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("expr", "query") and isinstance(value, str):
+                    found.update(series_in(value))
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for uid in GLOBAL_DASHBOARDS:
+        walk(yaml.safe_load(boards[f"{uid}.json"]))
+    return frozenset(name for name in found if ":" in name or _RAW_SERIES.fullmatch(name) or name == "ALERTS")
 
 
 def forwarded_names(config: MixinConfig) -> list[str]:
-    """Sorted: every series name the global rules read (expressions and annotation queries) or
-    `flopwatch report` reads, and that the global rules do not record themselves: what each shard
-    remote-writes to the global tier, and nothing else. The report's names make it (and the fleet
-    and job figures it gives) whole on the global tier for jobs that span shards."""
+    """Sorted: every series name the global rules read (expressions and annotation queries), or
+    `flopwatch report` or GLOBAL_DASHBOARDS read, and that the global rules do not record
+    themselves: what each shard remote-writes to the global tier, and nothing else. The report's
+    and dashboards' names make them whole on the global tier for jobs that span shards."""
     return list(_forwarded_for(config))
 
 
@@ -347,7 +375,7 @@ def outputs(config: MixinConfig, rules_dir: Path) -> dict[Path, str]:
     relative to topology/)."""
     topology = _topology(config)
     shard_files, global_files = shard_rules(config), global_rules(config)
-    forwarded = _forwarded(global_files.values(), report_names())
+    forwarded = list(_forwarded_for(config))
     files = {rules_dir / "shard" / name: text for name, text in shard_files.items()}
     files |= {rules_dir / "global" / name: text for name, text in global_files.items()}
     folder = rules_dir / "topology"
