@@ -218,6 +218,7 @@ def test_vmalert_and_alertmanager_flags(config: MixinConfig, tmp_path: Path) -> 
         "-datasource.url=http://vmselect:8481/select/0/prometheus",
         "-remoteRead.url=http://vmselect:8481/select/0/prometheus",
         "-remoteWrite.url=http://vminsert:8480/insert/0/prometheus",          # vmalert appends /api/v1/write
+        "-rule.resendDelay=1m",                       # a ticket outlives a 4-minute outage of the store
         "-notifier.url=http://am-1:9093", "-notifier.url=https://am-2:9443/am", "-notifier.url=http://am-3:9093",
         "-rule=g/a.yml"]
     other = tmp_path / "other.yml"

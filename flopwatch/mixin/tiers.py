@@ -328,6 +328,10 @@ def _prometheus(config: MixinConfig, shard: str, replica: str, rule_files: Seque
     }
 
 
+#: How often vmalert re-sends a firing alert: Alertmanager resolves an alert it has not heard of
+#: for 4 x max(group interval, this), so a ticket survives an outage of the global store this long
+#: (4 minutes) instead of resolving and firing again (a second notification) when the store returns.
+VMALERT_RESEND_DELAY = "1m"
 #: The path vmalert appends to -remoteWrite.url unless told not to (-remoteWrite.disablePathAppend).
 VMALERT_WRITE_PATH = "/api/v1/write"
 
@@ -342,6 +346,7 @@ def vmalert_args(config: MixinConfig, rule_files: Sequence[str]) -> list[str]:
     base = write.removesuffix(VMALERT_WRITE_PATH)
     return [f"-datasource.url={topology.global_tier.read_url}", f"-remoteRead.url={topology.global_tier.read_url}",
             f"-remoteWrite.url={base}", *([] if base != write else ["-remoteWrite.disablePathAppend"]),
+            f"-rule.resendDelay={VMALERT_RESEND_DELAY}",
             *(f"-notifier.url={member.url}" for member in topology.alertmanagers),
             *(f"-rule={path}" for path in rule_files)]
 

@@ -318,21 +318,25 @@ class VmAlert(ReleasedServer):
         self.evaluation_interval = evaluation_interval
         self.external_labels = dict(external_labels or {})
         self.given_args: list[str] | None = None   # from_args(): the whole configuration as flags
+        self.eval_delay = "0s"                      # -rule.evalDelay on the current release
 
     @classmethod
-    def from_args(cls, args: Sequence[str], *, evaluation_interval: str = "5s", port: int | None = None,
-                  workdir: Path | None = None) -> VmAlert:
+    def from_args(cls, args: Sequence[str], *, evaluation_interval: str = "5s", eval_delay: str = "0s",
+                  port: int | None = None, workdir: Path | None = None) -> VmAlert:
         """A vmalert (not started) on the datasource, remote write, notifiers and rules that `args`
         name (the sharded layout's, flopwatch.mixin.tiers.vmalert_args), with the loopback flags
-        args() adds: its own listen address, writes flushed every second, no evaluation delay."""
+        args() adds: its own listen address, writes flushed every second, and on the current
+        release an evaluation `eval_delay` in the past (the time remote-written samples take to
+        arrive: evaluated sooner, every window would miss its newest seconds)."""
         server = cls([], "", evaluation_interval=evaluation_interval, port=port, workdir=workdir)
         server.given_args = list(args)
+        server.eval_delay = eval_delay
         return server
 
     def args(self) -> list[str]:
         loopback = [f"-httpListenAddr={self.host}:{self.port}", "-remoteWrite.flushInterval=1s",
                     f"-evaluationInterval={self.evaluation_interval}", "-loggerLevel=WARN",
-                    *(["-rule.evalDelay=0s"] if self.upstream else [])]
+                    *([f"-rule.evalDelay={self.eval_delay}"] if self.upstream else [])]
         if self.given_args is not None:
             return [*loopback, *self.given_args, *self.extra_args]
         return [

@@ -47,6 +47,12 @@ from flopwatch.stack.vmalert_rules import vmalert_rules
 Target = str | Mapping[str, Any]
 #: Seconds for the Alertmanager members to find each other (gossip settled with every member).
 CLUSTER_SETTLE_S = 30.0
+#: How far in the past the global vmalert evaluates: the shards' remote write sends a batch at
+#: most 5 s late (tiers.QUEUE_CONFIG's batch_send_deadline) and the store makes it searchable a
+#: little later; evaluated at "now", every window would miss its newest seconds and the goodput
+#: tiles (differences over 15 s) would read short. Production vmalert's default is 30 s, matching
+#: VictoriaMetrics' default -search.latencyOffset.
+GLOBAL_EVAL_DELAY = "10s"
 
 
 def target_group(target: Target) -> dict[str, Any]:
@@ -124,7 +130,8 @@ class ShardedStack:
             name: self._shard(name, targets, evaluation_interval) for name, targets in shard_targets.items()}
         every = evaluation_interval or settings.scrape_interval
         self.vmalert = VmAlert.from_args(tiers.vmalert_args(self.settings, [str(p) for p in self.vmalert_rule_files]),
-                                         evaluation_interval=every, workdir=self._folder("vmalert"))
+                                         evaluation_interval=every, eval_delay=GLOBAL_EVAL_DELAY,
+                                         workdir=self._folder("vmalert"))
         self.reference: Prometheus | None = None
         if reference:
             single = {name: text for name, text in build.rules(settings).items() if tiers.RULE_FILE.match(name)}

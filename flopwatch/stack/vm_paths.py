@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import socket
+import sys
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -79,6 +80,16 @@ def upstream_path(path: str) -> tuple[str, str]:
     return prefix, "/" + rest
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a killed Prometheus, a store going down) is normal here:
+    it is not a traceback on stderr."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 class ClusterPaths:
     """The loopback proxy: cluster paths of tenant 0 to one single-node VictoriaMetrics (`upstream`,
     http://host:port), `/health` passed through. `forwarded` and `refused` count requests by prefix
@@ -115,7 +126,7 @@ class ClusterPaths:
     def start(self) -> Self:
         if self._server is not None:
             return self
-        self._server = ThreadingHTTPServer((self.host, self.port), _handler(self))
+        self._server = _QuietServer((self.host, self.port), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="vm-paths", daemon=True)
         self._thread.start()

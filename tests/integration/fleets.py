@@ -101,3 +101,26 @@ class RankThreads:
             thread.join(timeout=5)
         for monitor in self.monitors:
             monitor.close()
+
+
+def spanning_job_four_shards(name: str, seed: int) -> tuple[Scenario, dict[str, list[int]]]:
+    """12 H100 nodes at 1 s ticks, and the four shards they split into (shard -> node indices).
+
+    Job `span` (nodes 0-7, 64 ranks, pipeline-parallel pp 2: stage 0 on nodes 0-3, stage 1 on nodes
+    4-7, whose stage does 40% more work, so it is slowest by design) spans every shard: shard k holds
+    nodes k and 4+k, 8 ranks of each stage, over `vote_min_peers` of each peer group. Each shard also
+    holds one job of its own (`local-k` on node 8+k, 8 ranks). Steps of 0.6 to 0.7 s."""
+    shards = {f"shard-{k}": [k, 4 + k, 8 + k] for k in range(4)}
+    local = [{"id": f"local-{k}", "nodes": str(8 + k), "model": MODEL_8B, "tokens_per_step": 32768,
+              "target_mfu": 0.35 + 0.02 * k, "step_jitter": 0.01} for k in range(4)]
+    scenario = parse({
+        "name": name, "seed": seed, "duration": "1h", "scrape_interval": "1s",
+        "fleet": {"nodes": 12, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 2},
+        "jobs": [
+            {"id": "span", "nodes": "0-7", "model": MODEL_8B, "tokens_per_step": 262144, "target_mfu": 0.4,
+             "step_jitter": 0.01, "pipeline": {"stages": 2, "stage_weights": [1.0, 1.4], "micro_batches": 8}},
+            *local,
+        ],
+        "faults": [],
+    })
+    return scenario, shards
