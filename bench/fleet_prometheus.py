@@ -28,6 +28,17 @@ class ScrapedFleet:
     client: PromClient
 
 
+def sim_scrape_job(targets_file: Path) -> dict[str, object]:
+    """The scrape job of the served fleet's nodes (job `sim`), from its file_sd targets file."""
+    return {"job_name": "sim", "file_sd_configs": [{"files": [str(targets_file)]}]}
+
+
+def failed_scrapes(seconds: float) -> str:
+    """PromQL: the fleet's scrapes that failed over the last `seconds` (whole seconds)."""
+    window = f"{int(seconds)}s"
+    return f'sum(count_over_time(up{{job="sim"}}[{window}])) - sum(sum_over_time(up{{job="sim"}}[{window}]))'
+
+
 @contextmanager
 def served_fleet(scenario: Scenario, tick: float | None = None) -> Iterator[tuple[FleetServer, Path]]:
     """The fleet served on loopback and ticking (every `tick` seconds, else at the scenario's
@@ -64,7 +75,7 @@ def scraped_fleet(scenario: Scenario, *, scrape_interval: str = "5s", evaluation
     `self_scrape`), once `targets` (default: one per node) are up; SystemExit naming the count
     when they are not within `up_within` seconds."""
     with served_fleet(scenario, tick) as (server, targets_file):
-        prometheus = Prometheus([{"job_name": "sim", "file_sd_configs": [{"files": [str(targets_file)]}]}],
+        prometheus = Prometheus([sim_scrape_job(targets_file)],
                                 rule_files=list(rule_files), scrape_interval=scrape_interval,
                                 evaluation_interval=evaluation_interval, extra_args=list(extra_args))
         if self_scrape:

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.fleet_prometheus import ScrapedFleet, scraped_fleet
+from bench.fleet_prometheus import ScrapedFleet, failed_scrapes, scraped_fleet
 from bench.sim_capacity import cpu_seconds, fleet_scenario, report
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
@@ -193,13 +193,16 @@ def server_metrics(url: str, wanted: Collection[str], label: str) -> dict[tuple[
     return out
 
 
+#: What the measurements read of Prometheus's own /metrics: rule groups, failures, head and samples.
+OWN_METRICS = ("prometheus_rule_group_last_duration_seconds", "prometheus_rule_group_iterations_total",
+               "prometheus_rule_group_iterations_missed_total", "prometheus_rule_group_interval_seconds",
+               "prometheus_rule_evaluation_failures_total", "prometheus_tsdb_head_series",
+               "prometheus_tsdb_head_samples_appended_total", "prometheus_rule_group_rules")
+
+
 def _own_metrics(url: str) -> dict[tuple[str, str], float]:
     """(name, rule group or "") -> value from Prometheus's own /metrics."""
-    wanted = ("prometheus_rule_group_last_duration_seconds", "prometheus_rule_group_iterations_total",
-              "prometheus_rule_group_iterations_missed_total", "prometheus_rule_group_interval_seconds",
-              "prometheus_rule_evaluation_failures_total", "prometheus_tsdb_head_series",
-              "prometheus_tsdb_head_samples_appended_total", "prometheus_rule_group_rules")
-    return server_metrics(url, wanted, "rule_group")
+    return server_metrics(url, OWN_METRICS, "rule_group")
 
 
 def _window(prom: Prometheus, seconds: float, sample_every: float = 5.0) -> dict[str, object]:
@@ -295,9 +298,7 @@ def _measure_rules(scraped: ScrapedFleet, seconds: float, interval: float, tick:
     ticks_before = server.ticks
     rules = _window(prom, seconds)
     ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
-    window = f"{int(rules['wall'])}s"
-    failed = client.scalar(f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
-                           f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
+    failed = client.scalar(failed_scrapes(rules["wall"]))
     first, last = rules["first"], rules["last"]
     groups = _groups(rules)
     gpus = nodes * fleet.scenario.fleet.gpus_per_node
@@ -376,10 +377,15 @@ def _slowest_rules(url: str, top: int = 8) -> dict[str, float]:
     return {name: round(seconds, 4) for seconds, name in sorted(rules, reverse=True)[:top]}
 
 
-def ratios(measured: dict[str, object], reference: dict[str, object]) -> dict[str, float | None]:
-    """Rule cost, head series and samples of one exporter's run over the reference's, same run."""
-    keys = ("rule_core_seconds_per_s_per_1000_gpus", "head_series", "series_per_node", "samples_per_s_with_rules",
-            "prometheus_cpu_cores_scrape_only", "slowest_group_max_s")
+#: The figures an exporter's run is compared on (ratios).
+RATIO_KEYS = ("rule_core_seconds_per_s_per_1000_gpus", "head_series", "series_per_node", "samples_per_s_with_rules",
+              "prometheus_cpu_cores_scrape_only", "slowest_group_max_s")
+
+
+def ratios(measured: dict[str, object], reference: dict[str, object],
+           keys: Collection[str] = RATIO_KEYS) -> dict[str, float | None]:
+    """`keys` of one run over the reference's measured in the same run (default: rule cost, head
+    series and samples of one exporter's run); None where either is missing or the reference is 0."""
     out: dict[str, float | None] = {}
     for key in keys:
         mine, theirs = measured.get(key), reference.get(key)

@@ -31,12 +31,13 @@ MODEL_8B = {"params": 8e9, "layers": 32, "heads": 32, "head_dim": 128, "seq_len"
 MODEL_70B = {"params": 70e9, "layers": 80, "heads": 64, "head_dim": 128, "seq_len": 4096}
 
 
-def fleet_scenario(nodes: int, interval: float = 5.0) -> Scenario:
-    """One 1,024-GPU job per 128 nodes (alternating 70B and 8B models); a remainder stays idle."""
+def fleet_scenario(nodes: int, interval: float = 5.0, job_nodes: int = 128) -> Scenario:
+    """One job per `job_nodes` nodes (1,024 GPUs by default; alternating 70B and 8B models); a
+    remainder stays idle (a fleet smaller than one job: one 8B job on every node)."""
     jobs = []
-    for i, first in enumerate(range(0, nodes - 127, 128)):
+    for i, first in enumerate(range(0, nodes - job_nodes + 1, job_nodes)):
         model = MODEL_70B if i % 2 == 0 else MODEL_8B
-        jobs.append({"id": f"job-{i:03d}", "nodes": f"{first}-{first + 127}", "model": model,
+        jobs.append({"id": f"job-{i:03d}", "nodes": f"{first}-{first + job_nodes - 1}", "model": model,
                      "tokens_per_step": 4194304, "target_mfu": 0.42, "step_jitter": 0.02})
     if not jobs:
         jobs.append({"id": "job-000", "nodes": f"0-{nodes - 1}", "model": MODEL_8B, "tokens_per_step": 1048576,

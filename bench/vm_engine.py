@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import yaml
 
-from bench.fleet_prometheus import served_fleet, wait_targets
+from bench.fleet_prometheus import failed_scrapes, served_fleet, sim_scrape_job, wait_targets
 from bench.scale_prometheus import _busiest_others, _other_processes, scrape_targets, server_metrics, uptime
 from bench.sim_capacity import cpu_seconds
 from flopwatch.promql import PromClient, PromError
@@ -56,17 +56,19 @@ def _rows_inserted(victoria_url: str) -> float:
                    if line.startswith("vm_rows_inserted_total{"))
 
 
-def _window(engine: list[psutil.Process], victoria_url: str, vmalert_url: str | None, seconds: float,
+def _window(engine: list[psutil.Process], victoria_url: str | None, vmalert_url: str | None, seconds: float,
             sample_every: float = 5.0) -> dict[str, Any]:
     """CPU and RSS of the engine's processes and of this one (the simulator), vmalert's counters at
-    both ends and each group's mean duration between samples (one or two iterations each)."""
+    both ends and each group's mean duration between samples (one or two iterations each); rows
+    VictoriaMetrics took in per second (0 without `victoria_url`: a window of other processes)."""
     me = psutil.Process()
     mine = {me.pid, *(process.pid for process in engine)}
     others0, load0 = _other_processes(mine), os.getloadavg()[0]
     read = (lambda: vmalert_metrics(vmalert_url)) if vmalert_url else dict
+    rows = (lambda: _rows_inserted(victoria_url)) if victoria_url else float
     # the simulator is this process: its CPU from the process clock (psutil's 10 ms ticks read a
     # small fleet's window as 0)
-    first, rows0, me0 = read(), _rows_inserted(victoria_url), time.process_time()
+    first, rows0, me0 = read(), rows(), time.process_time()
     cpu0, wall0 = [cpu_seconds(process) for process in engine], time.monotonic()
     durations: dict[str, list[float]] = defaultdict(list)
     rss: list[list[float]] = []
@@ -83,7 +85,7 @@ def _window(engine: list[psutil.Process], victoria_url: str, vmalert_url: str | 
         previous = now
     wall = time.monotonic() - wall0
     cpu = [cpu_seconds(process) - before for process, before in zip(engine, cpu0, strict=True)]
-    return {"wall": wall, "rows_per_s": (_rows_inserted(victoria_url) - rows0) / wall, "first": first,
+    return {"wall": wall, "rows_per_s": (rows() - rows0) / wall, "first": first,
             "last": previous, "durations": durations, "rss": rss, "cpu": sum(cpu), "cpu_each": cpu,
             "sim_cpu": time.process_time() - me0, "load_1m_at_start": load0,
             "others": _busiest_others(others0, _other_processes(mine), wall)}
@@ -116,7 +118,7 @@ def _promscrape_config(targets: Path, interval: float) -> dict[str, Any]:
     """What bench/scale_prometheus.py gives Prometheus: 5 s scrapes timing out at the interval."""
     every = f"{interval:g}s"
     return {"global": {"scrape_interval": every, "scrape_timeout": every},
-            "scrape_configs": [{"job_name": "sim", "file_sd_configs": [{"files": [str(targets)]}]}]}
+            "scrape_configs": [sim_scrape_job(targets)]}
 
 
 def serve_with_vmalert(scenario: Scenario, seconds: float, interval: float = 5.0, tick: float | None = None,
@@ -152,14 +154,12 @@ def serve_with_vmalert(scenario: Scenario, seconds: float, interval: float = 5.0
             ticks_before = server.ticks
             with_rules = _window([vm_proc, psutil.Process(vmalert.proc.pid)], victoria.url, vmalert.url, seconds)
             ticks = list(server.tick_seconds)[-(server.ticks - ticks_before):]
-            window = f"{int(with_rules['wall'])}s"
             failing = sorted(vmalert.rule_errors())   # from the API: the same in every release
             # vmalert stops before the last queries: at 10,000 GPUs its own queries kept
             # VictoriaMetrics at its concurrency limit, which answered the next one with a 503.
             vmalert.stop()
             vmalert = None
-            failed = _answered(client, f'sum(count_over_time(up{{job="sim"}}[{window}])) - '
-                                       f'sum(sum_over_time(up{{job="sim"}}[{window}]))')
+            failed = _answered(client, failed_scrapes(with_rules["wall"]))
             series = _answered(client, 'sum(scrape_samples_scraped{job="sim"})') or 0
             report = _report(server.fleet, targets_expected, interval, tick, scrape_only, with_rules, failed, series,
                              ticks, removals, failing)
@@ -170,17 +170,19 @@ def serve_with_vmalert(scenario: Scenario, seconds: float, interval: float = 5.0
                     process.stop()
 
 
-def _answered(client: PromClient, expr: str, attempts: int = 6) -> float | None:
-    """A query's value, asked again after a pause while VictoriaMetrics answers 503 (busy: its
-    concurrent-request limit), which it does under a starved fleet."""
+def _answered(client: PromClient, expr: str, attempts: int = 6, how: str = "scalar") -> Any:
+    """A query's value (`how`: the client's `scalar`, or `query` for its samples), asked again after
+    a pause while VictoriaMetrics answers 503 (busy: its concurrent-request limit), which it does
+    under a starved fleet."""
+    ask = getattr(client, how)
     for attempt in range(1, attempts):
         try:
-            return client.scalar(expr)
+            return ask(expr)
         except PromError as error:
             if error.status != 503:
                 raise
             time.sleep(5.0 * attempt)
-    return client.scalar(expr)                  # the last try: its error, if any, is the caller's
+    return ask(expr)                            # the last try: its error, if any, is the caller's
 
 
 def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scrape_only: dict[str, Any],
