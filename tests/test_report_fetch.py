@@ -60,3 +60,18 @@ def test_a_batch_that_fails_entirely_checks_the_server():
     with pytest.raises(Unreachable):
         fetcher.run([Query("a", "a", "vector(1)"), Query("b", "b", "vector(2)", "range")])
     assert progress[-1] == (2, 2)
+
+
+def test_rule_results_without_a_cluster_label_take_their_jobs_cluster():
+    """A global tier's records sum each job over every shard and carry no cluster label; the
+    job's raw series do. A job id seen in two clusters stays apart (it cannot be told which)."""
+    import numpy as np
+
+    from flopwatch.report.fetch import job_clusters, with_job_clusters
+
+    clusters = job_clusters([("eu-1", "span"), ("eu-1", "local"), ("us-1", "twice"), ("eu-1", "twice")])
+    assert clusters == {"span": "eu-1", "local": "eu-1"}
+    lost = {("", "span"): np.ones(2), ("us-1", "local"): np.zeros(2), ("", "twice"): np.ones(2)}
+    moved = with_job_clusters(lost, clusters)
+    assert set(moved) == {("eu-1", "span"), ("us-1", "local"), ("", "twice")}
+    assert moved[("eu-1", "span")] is lost[("", "span")]

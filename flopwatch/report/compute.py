@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flopwatch.report.facts import JOULES_PER_KWH, ClusterFacts, Facts, JobFacts, Previous, integrate, ratio
-from flopwatch.report.fetch import Results
+from flopwatch.report.fetch import Results, job_clusters, with_job_clusters
 from flopwatch.report.settings import ReportSettings
 from flopwatch.report.window import Grid, Window
 
@@ -135,7 +135,7 @@ class _TrainingCounters:
     wait: dict[JobKey, float]
 
     @classmethod
-    def read(cls, results: Results, label: str, grid: Grid) -> _TrainingCounters:
+    def read(cls, results: Results, label: str, grid: Grid, clusters: dict[str, str]) -> _TrainingCounters:
         def buckets(name: str, *keys: str) -> Buckets:
             return results.matrix(name, grid, label, "job_id", *keys)
 
@@ -148,14 +148,15 @@ class _TrainingCounters:
             steps=results.vector("steps_total", label, "job_id"),
             flops_buckets=buckets("job_flops"),
             wait=straggler_wait(buckets("straggler_arrivals", "rank", "node", "gpu"), buckets("job_steps"),
-                                buckets("step_lost"), buckets("job_phases", "phase")),
+                                with_job_clusters(buckets("step_lost"), clusters), buckets("job_phases", "phase")),
         )
 
 
 def _add_training(jobs: dict[JobKey, JobFacts], results: Results, label: str, grid: Grid) -> list[JobKey]:
     """Training counters and the MFU series of instrumented jobs; returns the keys of jobs that
     reported training but held no GPU."""
-    counters = _TrainingCounters.read(results, label, grid)
+    clusters = job_clusters(jobs)
+    counters = _TrainingCounters.read(results, label, grid, clusters)
     unattributed = []
     for key in sorted(set(counters.flops) | set(counters.steps)):
         job = jobs.get(key)
@@ -169,16 +170,17 @@ def _add_training(jobs: dict[JobKey, JobFacts], results: Results, label: str, gr
         job.phases = {phase: value for (c, j, phase), value in counters.phases.items() if (c, j) == key}
         job.checkpoint_s = counters.checkpoint.get(key, 0.0)
         job.straggler_wait_s = counters.wait.get(key, 0.0)
-        job.lost_progress_s = _lost_progress(results, label, grid, key, job.gpus_series)
+        job.lost_progress_s = _lost_progress(results, label, grid, key, job.gpus_series, clusters)
         job.flops_series = counters.flops_buckets.get(key)
         _add_mfu_series(job, grid.step)
     return unattributed
 
 
-def _lost_progress(results: Results, label: str, grid: Grid, key: JobKey, gpus: np.ndarray | None) -> float:
+def _lost_progress(results: Results, label: str, grid: Grid, key: JobKey, gpus: np.ndarray | None,
+                   clusters: dict[str, str]) -> float:
     """Seconds of steps done again after a restart: the rules' lost-progress share of allocated
     time per bucket x the GPUs held x the bucket (0 where the rules' results are absent)."""
-    share = results.matrix("job_lost_progress", grid, label, "job_id").get(key)
+    share = with_job_clusters(results.matrix("job_lost_progress", grid, label, "job_id"), clusters).get(key)
     if share is None or gpus is None:
         return 0.0
     return float(np.nansum(share * gpus) * grid.step)

@@ -7,7 +7,7 @@ Range results are laid on the report's grid as numpy arrays (NaN where a bucket 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,3 +147,20 @@ def _short(message: str, limit: int = 200) -> str:
     """Prometheus errors quote the whole query; keep the reason."""
     reason = message.rsplit(": ", 1)[-1] if ": " in message else message
     return reason if len(reason) <= limit else reason[:limit] + "..."
+
+
+def job_clusters(jobs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """job_id -> its cluster, for the job ids of (cluster, job_id) keys seen in one cluster only."""
+    seen: dict[str, set[str]] = {}
+    for cluster, job_id in jobs:
+        seen.setdefault(job_id, set()).add(cluster)
+    return {job_id: next(iter(clusters)) for job_id, clusters in seen.items() if len(clusters) == 1}
+
+
+def with_job_clusters(matrix: dict[tuple[str, ...], np.ndarray],
+                      clusters: Mapping[str, str]) -> dict[tuple[str, ...], np.ndarray]:
+    """A recording-rule result keyed (cluster, job_id, ...) where series without the cluster label
+    take their job's cluster: a global tier's rules sum each job over every shard, so their records
+    carry no cluster label while the job's raw series do (docs/scaling.md)."""
+    return {((clusters[key[1]], *key[1:]) if not key[0] and key[1] in clusters else key): values
+            for key, values in matrix.items()}

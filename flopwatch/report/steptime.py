@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flopwatch.report.facts import Facts
-from flopwatch.report.fetch import Results
+from flopwatch.report.fetch import Results, job_clusters, with_job_clusters
 from flopwatch.report.incidents import runs
 from flopwatch.report.model import Column, Figure, Section, Table
 from flopwatch.report.sections import cluster_name, failed_notes
@@ -85,9 +85,10 @@ def _weighted(values: np.ndarray | None, weights: np.ndarray) -> tuple[float | N
 def compute(results: Results, facts: Facts, label: str) -> dict[tuple[str, str], StepTime]:
     """Per job with any recorded share of step time lost, its figures over the window."""
     grid = facts.grid
-    lost = results.matrix("step_lost", grid, label, "job_id")
-    by_class = results.matrix("step_lost_by_class", grid, label, "job_id", "class")
-    stages = results.matrix("stage_imbalance", grid, label, "job_id", "stage")
+    clusters = job_clusters(facts.jobs)
+    lost = with_job_clusters(results.matrix("step_lost", grid, label, "job_id"), clusters)
+    by_class = with_job_clusters(results.matrix("step_lost_by_class", grid, label, "job_id", "class"), clusters)
+    stages = with_job_clusters(results.matrix("stage_imbalance", grid, label, "job_id", "stage"), clusters)
     stepping: dict[tuple[str, str], np.ndarray] = {}
     for (cluster, job_id, _phase), values in results.matrix("job_phases", grid, label, "job_id", "phase").items():
         key = (cluster, job_id)
@@ -109,18 +110,19 @@ def compute(results: Results, facts: Facts, label: str) -> dict[tuple[str, str],
             mean, figures.slowest_stage = max(ranked)
             figures.slowest_by = mean - 1
         out[key] = figures
-    for ticket in tickets(results, grid, label, stages, stepping):
+    for ticket in tickets(results, grid, label, stages, stepping, clusters):
         if (ticket.cluster, ticket.job_id) in out:
             out[(ticket.cluster, ticket.job_id)].tickets.append(ticket)
     return out
 
 
 def tickets(results: Results, grid: Grid, label: str, stages: dict[tuple[str, ...], np.ndarray],
-            stepping: dict[tuple[str, str], np.ndarray]) -> list[StageTicket]:
+            stepping: dict[tuple[str, str], np.ndarray], clusters: dict[str, str]) -> list[StageTicket]:
     """The FlopWatchPipelineImbalance tickets that fired in the window, one per firing span, with the
     named stage's imbalance over the span."""
     found = []
-    for (cluster, job_id, stage), values in results.matrix("stage_tickets", grid, label, "job_id", "stage").items():
+    fired = with_job_clusters(results.matrix("stage_tickets", grid, label, "job_id", "stage"), clusters)
+    for (cluster, job_id, stage), values in fired.items():
         with np.errstate(invalid="ignore"):
             flags = np.isfinite(values) & (values > 0)
         for first, last, _count in runs(flags, max_gap=0):
