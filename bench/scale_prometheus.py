@@ -420,6 +420,17 @@ def _serve_engines(engines: list[str], args: argparse.Namespace, rules: list[Pat
     return out
 
 
+def fleet_sizes(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """--nodes as node counts (`125,313`): different, each 1 or more; else the parser's error."""
+    try:
+        sizes = [int(size) for size in text.split(",") if size.strip()]
+    except ValueError:
+        parser.error(f"--nodes: expected node counts separated by commas, got {text!r}")
+    if not sizes or min(sizes) < 1 or len(set(sizes)) < len(sizes):
+        parser.error("--nodes: give one or more different fleet sizes of 1 node or more")
+    return sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="1250", metavar="N[,N...]",
@@ -456,12 +467,7 @@ def main() -> None:
     exporters = [name.strip() for name in args.exporter.split(",") if name.strip()]
     if not exporters or any(name not in EXPORTERS for name in exporters):
         parser.error(f"--exporter: expected one or more of {', '.join(EXPORTERS)}, comma-separated")
-    try:
-        sizes = [int(size) for size in args.nodes.split(",") if size.strip()]
-    except ValueError:
-        parser.error(f"--nodes: expected node counts separated by commas, got {args.nodes!r}")
-    if not sizes or min(sizes) < 1 or len(set(sizes)) < len(sizes):
-        parser.error("--nodes: give one or more different fleet sizes of 1 node or more")
+    sizes = fleet_sizes(parser, args.nodes)
     results: dict[str, object] = {"series": series_counts(), "influx": sink_volume()}
     if not args.skip_tsdb:
         results["tsdb"] = tsdb_bytes_per_sample(args.tsdb_nodes, args.tsdb_hours)

@@ -53,7 +53,16 @@ import psutil
 import yaml
 
 from bench.fleet_prometheus import failed_scrapes, served_fleet, sim_scrape_job, wait_targets
-from bench.scale_prometheus import OWN_METRICS, RULE_FILES, _groups, ratios, scrape_targets, server_metrics, uptime
+from bench.scale_prometheus import (
+    OWN_METRICS,
+    RULE_FILES,
+    _groups,
+    fleet_sizes,
+    ratios,
+    scrape_targets,
+    server_metrics,
+    uptime,
+)
 from bench.sim_capacity import fleet_scenario, report
 from bench.vm_engine import NULL_ALERTMANAGER, _answered, _window
 from bench.vm_engine import _groups as vmalert_groups
@@ -436,12 +445,7 @@ def main() -> None:
                         help="GPUs per job, a multiple of 8 (default: one 1,024-GPU job per 128 nodes)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    try:
-        sizes = [int(size) for size in args.nodes.split(",") if size.strip()]
-    except ValueError:
-        parser.error(f"--nodes: expected node counts separated by commas, got {args.nodes!r}")
-    if not sizes or min(sizes) < 1 or len(set(sizes)) < len(sizes):
-        parser.error("--nodes: give one or more different fleet sizes of 1 node or more")
+    sizes = fleet_sizes(parser, args.nodes)
     if args.job_gpus is not None and (args.job_gpus < GPUS_PER_NODE or args.job_gpus % GPUS_PER_NODE):
         parser.error(f"--job-gpus: expected a multiple of {GPUS_PER_NODE} GPUs (whole nodes), got {args.job_gpus}")
     if args.seconds <= 0 or args.warmup < 0:
