@@ -33,14 +33,12 @@ is tested on both releases by test_ha_pages.py. Only the GPUs are simulated.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,7 +46,6 @@ import pytest
 import yaml
 from helpers import program, wait_for
 
-from flopwatch import cli
 from flopwatch.mixin import config
 from flopwatch.mixin.tiers import JOB_ALERTS
 from flopwatch.promql import PromClient
@@ -236,42 +233,6 @@ def test_job_figures_from_the_global_tier_equal_the_reference(tier: Tier) -> Non
         print(f"{record}: {len(want)} series, largest difference {abs(got[worst] - want[worst]):.5f} "
               f"({dict(worst)}: reference {want[worst]:.4f}, global {got[worst]:.4f})")
     print(f"figures agreed {time.monotonic() - started:.0f}s into this test")
-
-
-#: The report's per-job figures compared between the two tiers (file, columns), as fractions.
-REPORT_FIGURES = {"mfu_by_job.csv": ("mfu", "hfu"),
-                  "goodput_by_job.csv": ("goodput", "data", "checkpoint", "straggler", "restart", "lost_progress")}
-
-
-def report_rows(url: str, start: float, end: float, out: Path) -> dict[tuple[str, str], float]:
-    """`flopwatch report` over [start, end] from `url`: (job_id, column) -> figure, for REPORT_FIGURES."""
-    code = cli.main(["report", "--prometheus", url, "--from", str(int(start)), "--to", str(int(end)),
-                     "--out", str(out), "--no-pdf", "--quiet"])
-    assert code == 0, f"flopwatch report against {url} exited {code}"
-    rows = {}
-    for name, columns in REPORT_FIGURES.items():
-        with (out / name).open(newline="") as handle:
-            for row in csv.DictReader(handle):
-                rows.update({(row["job_id"], column): float(row[column]) for column in columns if row[column]})
-    return rows
-
-
-def test_the_report_from_the_global_tier_equals_the_one_prometheus_report(tier: Tier, tmp_path: Path) -> None:
-    """`flopwatch report` reads the series the shards forward: a job spanning four shards is one
-    job there, with the figures the report of one Prometheus that scrapes everything gives."""
-    assert tier.stack.reference is not None
-    end = time.time() - 30            # both tiers have every sample up to here
-    start = end - 120
-    want = report_rows(tier.stack.reference.url, start, end, tmp_path / "reference")
-    got = report_rows(tier.stack.global_url, start, end, tmp_path / "global")
-    assert {job for job, _ in want} >= set(JOBS), f"the reference's report lacks a job: {sorted(want)}"
-    assert want.keys() == got.keys(), (f"only in the reference: {sorted(want.keys() - got.keys())}, "
-                                       f"only in the global tier: {sorted(got.keys() - want.keys())}")
-    off = {f"{job} {column}": (want[job, column], got[job, column]) for job, column in want
-           if abs(got[job, column] - want[job, column]) > TOLERANCE}
-    assert not off, f"the global tier's report differs from one Prometheus's by over {TOLERANCE}: {off}"
-    worst = max(want, key=lambda key: abs(got[key] - want[key]))
-    print(f"report: {len(want)} figures, largest difference {abs(got[worst] - want[worst]):.5f} ({worst})")
 
 
 def test_a_straggler_pages_once_when_a_replica_and_the_sending_alertmanager_die(tier: Tier) -> None:
