@@ -341,7 +341,7 @@ def _forwarded_figures(config: MixinConfig, client: PromClient, window: dict[str
     forwarded = tiers.forwarded_names(config)
     by_name = _series_by_name(client, forwarded)
     sent_by_name = _samples_by_name(client, forwarded, window["wall"])
-    for_rules = set(tiers._forwarded(tiers.global_rules(config).values()))   # the global rules' names alone
+    for_rules = set(tiers.global_rule_inputs(config))   # the global rules' names alone
     remote = remote_write_figures(window["prometheus_first"], window["prometheus_last"], window["wall"], gpus,
                                   head_series, sum(by_name.values()))
     return remote | {

@@ -248,6 +248,12 @@ def forwarded_names(config: MixinConfig) -> list[str]:
     return list(_forwarded_for(config))
 
 
+def global_rule_inputs(config: MixinConfig) -> list[str]:
+    """Sorted: the forwarded names the global rules alone read (without what the report and the
+    cross-shard dashboards add): the least a shard can forward for the global rules to work."""
+    return _forwarded(global_rules(config).values())
+
+
 @functools.lru_cache(maxsize=1)
 def report_names() -> frozenset[str]:
     """The series names `flopwatch report` reads (ALERTS included: the shards' straggler pages)."""
