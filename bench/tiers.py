@@ -276,8 +276,9 @@ def reference_phase(scenario: Scenario, targets_file: Path, alertmanager: str, s
         load_at_start = uptime()
         time.sleep(warmup)
         figures, window = _prometheus_window(prom, [], None, None, seconds)
-        forwarded = sum(_series_by_name(client, tiers.forwarded_names(mixin_config.load(None))).values())
-        return {**figures, "forwarded_name_series": forwarded, "head_series_by_name": _head_by_name(client),
+        forwarded = _series_by_name(client, tiers.forwarded_names(mixin_config.load(None)))
+        return {**figures, "forwarded_name_series": sum(forwarded.values()), "forwarded_series_by_name": forwarded,
+                "head_series_by_name": _head_by_name(client),
                 "failed_scrapes": client.scalar(failed_scrapes(window["wall"])), "rule_files": len(RULE_FILES),
                 "rules_sha256": rules_digest(RULE_FILES),
                 "uptime_load_at_start": load_at_start, "uptime_load_at_end": uptime()}

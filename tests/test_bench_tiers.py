@@ -118,8 +118,18 @@ def test_a_tiny_run_measures_both_tiers(tmp_path: Path):
     assert remote["bytes_per_s"] > 0 and remote["samples_per_s"] > 0
     assert remote["samples_failed_per_s"] == 0
     assert 0 < remote["forwarded_share_of_head_series"] < 1
-    assert remote["forwarded_head_series"] == pytest.approx(reference["forwarded_name_series"], rel=0.1)
-    assert store["forwarded_series_stored"] == pytest.approx(remote["forwarded_head_series"], rel=0.1)
+    # what the agents export is the same fleet on both servers; recorded series (names with a colon)
+    # differ by design (job-level records are the global tier's) and by how far their windows filled
+    exported = {name for name in reference["forwarded_series_by_name"] if ":" not in name and name != "ALERTS"}
+    assert exported >= {"flopwatch_gpu_sm_clock_hertz", "flopwatch_train_steps_total", "up"}
+    shard_by_name, reference_by_name = remote["forwarded_series_by_name"], reference["forwarded_series_by_name"]
+    apart = {name: (shard_by_name.get(name, 0), reference_by_name[name]) for name in exported
+             if shard_by_name.get(name, 0) != reference_by_name[name]}
+    assert sum(shard_by_name.get(name, 0) for name in exported) == pytest.approx(
+        sum(reference_by_name[name] for name in exported), rel=0.05), f"(shard, reference) series: {apart}"
+    assert set(remote["forwarded_series_by_name"]) <= set(mixin_tiers.forwarded_names(mixin_config.load(None)))
+    assert store["forwarded_series_stored"] == pytest.approx(remote["forwarded_head_series"], rel=0.1), (
+        "the store holds a different number of forwarded series than the shard's head")
     assert store["series_with_replica_label"] == 0
     assert store["series_recorded_by_vmalert"] > 0 and store["vmalert_rules_in_error_at_end"] == []
     assert shard["head_series"] > 0 and reference["head_series"] > 0

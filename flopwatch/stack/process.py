@@ -87,12 +87,17 @@ class Watchdog:
             except OSError as error:  # no watchdog: stop() and atexit still clean up
                 log.warning("server watchdog unavailable (%s): a SIGKILLed program would leave servers", error)
 
-    def watch(self, proc: subprocess.Popen[bytes]) -> None:
+    def expect(self, workdir: Path) -> None:
+        """Announce a server about to start in `workdir`, so one started just before the program
+        dies (its pid not yet sent) is still found there."""
+        self._send(f"? {time.time():.3f} {workdir.resolve()}")
+
+    def watch(self, proc: subprocess.Popen[bytes], workdir: Path) -> None:
         try:
             start = psutil.Process(proc.pid).create_time()
         except psutil.Error:
             return  # already gone
-        self._send(f"+ {proc.pid} {start:.3f}")
+        self._send(f"+ {proc.pid} {start:.3f} {workdir.resolve()}")
 
     def forget(self, pid: int) -> None:
         if self._pid == os.getpid():
@@ -157,6 +162,7 @@ class ServerProcess:
     def start(self, timeout: float = 30.0) -> Self:
         command = self.command()
         self.prepare()
+        _WATCHDOG.expect(self.workdir)
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [*command, *self.args()], cwd=self.workdir, stdout=log_file, stderr=subprocess.STDOUT,
@@ -164,7 +170,7 @@ class ServerProcess:
             )
         with _LIVE_LOCK:
             _LIVE.add(self)
-        _WATCHDOG.watch(self.proc)
+        _WATCHDOG.watch(self.proc, self.workdir)
         _catch_hangup()
         try:
             self.wait_ready(timeout)
