@@ -47,6 +47,9 @@ def test_counter_events_count_new_series_resets_and_gaps():
     ({"nic": 3.0, "host_cpu": 0.97}, "host_cpu"),
     ({"arrival_rank": 1.2, "arrival_median": 1.0, "data_rank": 0.15, "data_median": 0.02}, "dataloader"),
     ({"arrival_rank": 1.2, "arrival_median": 1.0, "data_rank": 0.03, "data_median": 0.02}, "unknown"),
+    ({"arrival_rank": 1.2, "arrival_median": 1.0, "other_rank": 0.16, "other_median": 0.0}, "host_stall"),
+    ({"arrival_rank": 1.2, "arrival_median": 1.0, "other_rank": 0.16, "other_median": 0.0, "host_cpu": 0.95},
+     "host_cpu"),
     ({"thermal": 0.0, "nvlink": 0.2}, "unknown"),
 ])
 def test_classify_takes_the_strongest_evidence(signals, cause):

@@ -111,7 +111,7 @@ def test_straggler_detail_names_the_rank_and_its_node():
     detail = every_query(ReportSettings())[-2].expr
     assert 'job_id="job-1", rank="3"' in detail
     assert 'node="node0001", gpu="2"' in detail
-    assert detail.count("label_replace(") == 11
+    assert detail.count("label_replace(") == 13
     assert "[7200s]" in detail
     alerts = next(q for q in every_query(ReportSettings()) if q.name == "straggler_alerts")
     assert ALERTS_STRAGGLER in alerts.expr and "cause" in alerts.expr

@@ -32,7 +32,8 @@ CONTRACT_RECORDS = set(names.CONTRACT_RECORDS)
 CONTRACT_ALERTS = set(names.ALERTS)
 #: Where every runbook_url points with the default settings: <runbooks>#<alert in lower case>.
 RUNBOOKS = MixinConfig().urls.runbooks
-STRAGGLER_CAUSES = {"thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader", "unknown"}
+STRAGGLER_CAUSES = {"thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader", "host_stall",
+                    "unknown"}
 
 
 #: Each promtool and amtool check runs on both releases (flopwatch.stack.releases): Prometheus 2.42
@@ -182,16 +183,16 @@ def test_summaries_state_figures_to_three_significant_digits() -> None:
 
 def test_straggler_alerts_name_rank_and_cause() -> None:
     stragglers = [rule for rule in alerts() if rule["alert"] == "FlopWatchStraggler"]
-    assert len(stragglers) == 6
+    assert len(stragglers) == 7
     assert {rule["labels"]["detector"] for rule in stragglers} == {
-        "corroborated", "data_phase", "rank_only", "own_history", "gpu_clock"}
+        "corroborated", "data_phase", "other_phase", "rank_only", "own_history", "gpu_clock"}
     assert all(rule["annotations"].get("evidence") for rule in stragglers if rule["labels"]["detector"] != "gpu_clock")
     text = "\n".join(rule["expr"] for rule in stragglers)
     for cause in re.findall(r'"cause", "(\w+)"', text):
         assert cause in STRAGGLER_CAUSES
     causes = {rule["labels"]["cause"] for rule in rules()
               if rule.get("record") == "node_gpu:flopwatch_slowdown_cause:priority"}
-    assert causes | {"dataloader", "unknown"} == STRAGGLER_CAUSES
+    assert causes | {"dataloader", "host_stall", "unknown"} == STRAGGLER_CAUSES
     candidates = [rule["expr"] for rule in rules()
                   if rule.get("record") in ("job_id_rank:flopwatch_straggler_corroborated:ratio",
                                             "job_id_rank:flopwatch_straggler_uncorroborated:ratio")]

@@ -175,7 +175,7 @@ def growth(path: Path) -> tuple[dict, np.ndarray]:
 
 @pytest.mark.parametrize(("name", "kind", "node", "gpu", "rank", "cause", "factor"), [
     ("pipeline-pp8-stage-of-one-thermal", "thermal_throttle", "node0000", 5, 5, "thermal", 1.25),
-    ("pipeline-pp8-stage-of-one-unexplained", "gc_pause", "node0005", None, None, "unknown", 1.26),
+    ("pipeline-pp8-stage-of-one-unexplained", "silent_slowdown", "node0005", 0, 5, "unknown", 1.25),
     ("pipeline-pp4-dp2-slow-worker", "thermal_throttle", "node0000", 3, 3, "thermal", 1.4),
     ("trace-whatif-st-slow-worker", "thermal_throttle", "node0000", 2, 2, "thermal", 1.4),
 ])
@@ -184,7 +184,7 @@ def test_small_group_scenarios_name_the_slow_rank(name, kind, node, gpu, rank, c
     [fault] = truth["faults"]
     assert (fault["kind"], fault["node"], fault["gpu"], fault["rank"], fault["cause"]) == (kind, node, gpu, rank, cause)
     assert fault["start"] > 0   # mid-run: the rank has a history of its own before it slows
-    slow = rank if rank is not None else 5   # gc_pause names node 5, whose one GPU is rank 5
+    slow = rank
     assert grew[slow] == pytest.approx(factor, abs=0.02)
     assert np.delete(grew, slow) == pytest.approx(1.0, abs=0.01)
     (job,) = truth["jobs"].values()

@@ -64,7 +64,7 @@ WARMUP_S = 120.0
 MIN_STEADY_S = 600.0
 #: Faults whose symptom is one slow rank or node: the straggler latency target applies.
 SLOW_RANK_KINDS = {"thermal_throttle", "power_cap", "hw_slowdown", "pcie_downgrade", "host_cpu_contention",
-                   "dataloader_stall", "gc_pause"}
+                   "dataloader_stall", "gc_pause", "silent_slowdown"}
 STRAGGLER_ALERT = "FlopWatchStraggler"
 IMBALANCE_ALERT = "FlopWatchPipelineImbalance"
 RATE_WINDOW_S = 300.0

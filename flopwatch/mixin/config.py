@@ -186,7 +186,8 @@ class Stragglers:
     corroborated_sigmas: float = 3
     uncorroborated_margin: float = 0.03
     uncorroborated_sigmas: float = 5
-    dataloader_share: float = 0.5
+    unexplained_margin: float = 0.035
+    phase_share: float = 0.5
     gpu_clock_margin: float = 0.03
     gpu_clock_for: Duration = Duration("1m")
     host_cpu_busy: float = 0.9

@@ -24,7 +24,7 @@ from flopwatch.report.fetch import Results
 from flopwatch.report.window import Grid
 
 #: Cause evidence in priority order, as the straggler rules rank it.
-CAUSE_ORDER = ("thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader")
+CAUSE_ORDER = ("thermal", "power", "hw_slowdown", "pcie", "nvlink", "nic", "host_cpu", "dataloader", "host_stall")
 #: Incidents of one node closer than this are one occasion (an XID and the GPU it loses).
 OCCASION_GAP_S = 3600.0
 DETAIL_LIMIT = 40
@@ -178,8 +178,9 @@ def classify(signals: dict[str, float]) -> str:
         "host_cpu": over("host_cpu", 0.9),
     }
     arrival_excess = signals.get("arrival_rank", math.nan) - signals.get("arrival_median", math.nan)
-    data_excess = signals.get("data_rank", math.nan) - signals.get("data_median", math.nan)
-    checks["dataloader"] = bool(arrival_excess > 0 and data_excess > 0.5 * arrival_excess)
+    for cause, phase in (("dataloader", "data"), ("host_stall", "other")):
+        excess = signals.get(f"{phase}_rank", math.nan) - signals.get(f"{phase}_median", math.nan)
+        checks[cause] = bool(arrival_excess > 0 and excess > 0.5 * arrival_excess)
     return next((cause for cause in CAUSE_ORDER if checks[cause]), "unknown")
 
 

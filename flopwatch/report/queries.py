@@ -395,8 +395,8 @@ class QueryBuilder:
 
     def straggler_detail(self, name: str, cluster: str, job_id: str, rank: str, node: str, gpu_index: str,
                          start: float, end: float) -> Query:
-        """Arrival and data seconds per step of the rank and of its job's median rank over the
-        incident, and the telemetry that names a cause, each tagged with a `signal` label."""
+        """Arrival, data and other seconds per step of the rank and of its job's median rank over
+        the incident, and the telemetry that names a cause, each tagged with a `signal` label."""
         rng = f"{max(int(end - start), int(self.grid.step))}s"
         cm = self.cluster_matcher(cluster)
         job_m = f"{cm}, job_id={quote(job_id)}"
@@ -404,9 +404,9 @@ class QueryBuilder:
         gpu_m = f"{cm}, node={quote(node)}, gpu={quote(gpu_index)}"
         node_m = f"{cm}, node={quote(node)}"
 
-        def data(matchers: str) -> str:
+        def phase(name: str, matchers: str) -> str:
             labels = self.by("job_id", "rank")
-            return (f"sum by ({labels}) (increase({train.PHASE_SECONDS.name}{{phase=\"data\", {matchers}}}[{rng}])) "
+            return (f"sum by ({labels}) (increase({train.PHASE_SECONDS.name}{{phase=\"{name}\", {matchers}}}[{rng}])) "
                     f"/ (sum by ({labels}) (increase({train.STEPS.name}{{{matchers}}}[{rng}])) >= 1)")
 
         def tag(expr: str, signal: str) -> str:
@@ -416,8 +416,10 @@ class QueryBuilder:
         parts = [
             tag(f"max({self.arrival(rng, rank_m)})", "arrival_rank"),
             tag(f"quantile(0.5, {self.arrival(rng, job_m)})", "arrival_median"),
-            tag(f"max({data(rank_m)})", "data_rank"),
-            tag(f"quantile(0.5, {data(job_m)})", "data_median"),
+            tag(f"max({phase('data', rank_m)})", "data_rank"),
+            tag(f"quantile(0.5, {phase('data', job_m)})", "data_median"),
+            tag(f"max({phase('other', rank_m)})", "other_rank"),
+            tag(f"quantile(0.5, {phase('other', job_m)})", "other_median"),
             tag(f"max(max_over_time({events}{{{gpu_m}, reason=~\"sw_thermal|hw_thermal\"}}[{rng}]))", "thermal"),
             tag(f"max(max_over_time({events}{{{gpu_m}, reason=~\"sw_power_cap|hw_power_brake\"}}[{rng}]))", "power"),
             tag(f"max(max_over_time({events}{{{gpu_m}, reason=\"hw_slowdown\"}}[{rng}]))", "hw_slowdown"),

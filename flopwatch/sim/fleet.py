@@ -300,6 +300,9 @@ class Fleet:
             gpu.faults.power_cap = slowdown
         elif kind == "hw_slowdown":
             gpu.faults.hw_slowdown = slowdown
+        elif kind == "silent_slowdown":   # slower kernels that no counter shows
+            if state is not None:
+                state.runner.slow.speed[state.rank_of(fault.node, fault.gpu)] *= 1 - slowdown
         elif kind == "pcie_downgrade":
             gpu.faults.pcie_width = 4
             gpu.faults.pcie_replays_per_s = 0.5

@@ -59,7 +59,8 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "nic_link_flap": ("nic", "nic"),
     "host_cpu_contention": ("node", "host_cpu"),
     "dataloader_stall": ("node", "dataloader"),
-    "gc_pause": ("node", "unknown"),
+    "gc_pause": ("node", "host_stall"),
+    "silent_slowdown": ("gpu", "unknown"),
     "switch_degrade": ("switch", "errors"),
     "uplink_slow": ("uplink", "congestion"),
     "spine_degrade": ("switch", "congestion"),
@@ -76,7 +77,7 @@ FABRIC_KINDS = {"switch_degrade", "uplink_slow", "spine_degrade", "cable_flap"}
 DEFAULT_SLOWDOWN = {
     "thermal_throttle": 0.08, "power_cap": 0.08, "hw_slowdown": 0.1, "pcie_downgrade": 0.05,
     "nvlink_errors": 0.05, "slow_nic": 0.1, "nic_link_flap": 0.05, "host_cpu_contention": 0.08,
-    "dataloader_stall": 0.1, "gc_pause": 0.05, "xid": 0.0, "gpu_lost": 0.0,
+    "dataloader_stall": 0.1, "gc_pause": 0.05, "silent_slowdown": 0.08, "xid": 0.0, "gpu_lost": 0.0,
     # fabric faults: switch_degrade and uplink_slow slow a job's communication by this fraction
     # (its step by slowdown x its communication share); cable_flap as nic_link_flap
     "switch_degrade": 0.5, "uplink_slow": 0.5, "spine_degrade": 0.5, "cable_flap": 0.05,
