@@ -75,6 +75,7 @@ from flopwatch.remediate.settings import DEFAULT_ACTIONS
 from flopwatch.sim.scenario import Scenario
 from flopwatch.stack import Alertmanager, free_port, releases
 from flopwatch.stack.remediator import RemediateProcess
+from flopwatch.stack.servers import rfc3339
 from flopwatch.stack.slurm import SlurmCluster
 from flopwatch.stack.webhook import WebhookReceiver
 
@@ -211,23 +212,9 @@ def remediator_wait(config: Mapping[str, Any], labels: Mapping[str, str], wiring
     return min(r.group_wait for r in routes if wiring == "page" or r.receiver == REMEDIATE_RECEIVER)
 
 
-def _stamp(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
-
-
-def post_alerts(alertmanager_url: str, labels: Sequence[Mapping[str, str]]) -> None:
-    """Alerts firing from now, posted as Prometheus's notifier posts them."""
-    now = time.time()
-    body = json.dumps([{"labels": dict(item), "annotations": {}, "startsAt": _stamp(now),
-                        "endsAt": _stamp(now + ENDS_IN_S), "generatorURL": ""} for item in labels]).encode()
-    request = urllib.request.Request(alertmanager_url + "/api/v2/alerts", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10):
-        pass
-
-
 def notification(labels: Mapping[str, str]) -> bytes:
     """One firing alert as Alertmanager's webhook (version 4) posts it."""
-    alert = {"status": "firing", "labels": dict(labels), "annotations": {}, "startsAt": _stamp(time.time()),
+    alert = {"status": "firing", "labels": dict(labels), "annotations": {}, "startsAt": rfc3339(time.time()),
              "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "",
              "fingerprint": f"{abs(hash(tuple(sorted(labels.items())))):016x}"}
     return json.dumps({"version": "4", "status": "firing", "receiver": "remediate", "groupKey": labels["node"],
@@ -293,7 +280,7 @@ def one_round(faults: Sequence[DrainFault], wiring: str, trial: int, poll: float
             remediator = RemediateProcess(settings, env={"SLURM_CONF": str(cluster.conf_path)}, port=port)
             remediator.start()   # ready once its first pass has read Alertmanager (/-/ready is 503 until then)
             try:
-                starts = _fire(alertmanager.url, faults, routed)
+                starts = _fire(alertmanager, faults, routed)
                 drained, gaps = watch_drains(cluster, routed, poll)
                 out["poll_gaps_s"] = gaps
                 for fault, node in zip(faults, routed, strict=True):
@@ -325,7 +312,7 @@ def one_round(faults: Sequence[DrainFault], wiring: str, trial: int, poll: float
     return out
 
 
-def _fire(alertmanager_url: str, faults: Sequence[DrainFault], nodes: Sequence[str]) -> dict[str, float]:
+def _fire(alertmanager: Alertmanager, faults: Sequence[DrainFault], nodes: Sequence[str]) -> dict[str, float]:
     """Replay each node's earlier alerts at their offsets, then post every draining alert (one
     request per fault, as separate evaluations send them); node -> perf_counter before its POST."""
     lead = max((offset for fault in faults for offset, _ in fault.before), default=0.0)
@@ -337,12 +324,12 @@ def _fire(alertmanager_url: str, faults: Sequence[DrainFault], nodes: Sequence[s
     began = time.perf_counter()
     for at, node, labels in schedule:
         time.sleep(max(0.0, began + at - time.perf_counter()))
-        post_alerts(alertmanager_url, [{**labels, "node": node}])
+        alertmanager.post_alerts([{"labels": {**labels, "node": node}}], ENDS_IN_S)
     time.sleep(max(0.0, began + lead - time.perf_counter()))
     starts = {}
     for fault, node in zip(faults, nodes, strict=True):
         starts[node] = time.perf_counter()
-        post_alerts(alertmanager_url, [{**fault.labels, "node": node}])
+        alertmanager.post_alerts([{"labels": {**fault.labels, "node": node}}], ENDS_IN_S)
     return starts
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,11 @@ def alertmanager_config(webhook_url: str) -> dict[str, Any]:
     return config
 
 
+def rfc3339(unix: float) -> str:
+    """A unix time as Alertmanager's API writes times (UTC, milliseconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1000):03d}Z"
+
+
 class Alertmanager(ReleasedServer):
     """prometheus-alertmanager (Debian package `prometheus-alertmanager`, or the current release
     built from its module): on its own with gossip disabled, or one member of a cluster when given
@@ -252,6 +258,18 @@ class Alertmanager(ReleasedServer):
             lines = answer.read().decode().splitlines()
         prefix = 'alertmanager_cluster_messages_received_total{msg_type="update"} '
         return sum(float(line.removeprefix(prefix)) for line in lines if line.startswith(prefix))
+
+    def post_alerts(self, alerts: Iterable[Mapping[str, Any]], ends_in_s: float = 600.0) -> None:
+        """Post alerts as Prometheus's notifier does (POST /api/v2/alerts): each a mapping with
+        `labels` and optionally `annotations`, and `startsAt`/`endsAt` in unix seconds (by default
+        a second ago and `ends_in_s` from now; an `endsAt` of now resolves it)."""
+        now = time.time()
+        body = [{**alert, "startsAt": rfc3339(alert.get("startsAt", now - 1)),
+                 "endsAt": rfc3339(alert.get("endsAt", now + ends_in_s))} for alert in alerts]
+        request = urllib.request.Request(self.url + "/api/v2/alerts", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
 
     def alerts(self) -> list[dict[str, Any]]:
         """The alerts it holds (/api/v2/alerts), each once however many Prometheus replicas sent it."""

@@ -15,10 +15,8 @@ so the shipped routes and inhibitions are checked against each Alertmanager.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -82,18 +80,8 @@ def _fabric_source(rule: dict[str, Any]) -> bool:
     return any(all(m.matches({"alertname": name}) for m in matchers) for name in FABRIC_SOURCES)
 
 
-def _iso(unix: float) -> str:
-    return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")
-
-
-def post(url: str, alerts: list[dict[str, Any]]) -> None:
-    request = urllib.request.Request(url + "/api/v2/alerts", json.dumps(alerts).encode(),
-                                     {"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 200
-
-
-def replay(episodes: list[tuple[float, float | None, dict[str, str]]], url: str, stop: float) -> None:
+def replay(episodes: list[tuple[float, float | None, dict[str, str]]], alertmanager: Alertmanager,
+           stop: float) -> None:
     """Post each alert when it fires and again when it resolves (simulated seconds), SCALE-fast."""
     events = sorted([(fired, "fire", i) for i, (fired, _, _) in enumerate(episodes)]
                     + [(end, "resolve", i) for i, (_, end, _) in enumerate(episodes) if end is not None])
@@ -106,8 +94,8 @@ def replay(episodes: list[tuple[float, float | None, dict[str, str]]], url: str,
         for _, what, i in batch:
             starts = started_at.setdefault(i, now)
             ends = now if what == "resolve" else now + 3600
-            body.append({"labels": episodes[i][2], "startsAt": _iso(starts), "endsAt": _iso(ends)})
-        post(url, body)
+            body.append({"labels": episodes[i][2], "startsAt": starts, "endsAt": ends})
+        alertmanager.post_alerts(body)
     time.sleep(max(0.0, began + stop * SCALE - time.time()))
 
 
@@ -144,7 +132,7 @@ def pages_both_ways(fired, inhibit: bool) -> tuple[list[dict[str, str]], list[di
     ours = incidents([_alert(w) for w in window], AlertmanagerConfig.from_dict(config(None, 1.0, inhibit)),
                      until=WINDOW_S + margin)
     with WebhookReceiver() as webhook, Alertmanager(config(webhook.url, SCALE, inhibit)) as alertmanager:
-        replay(window, alertmanager.url, WINDOW_S + margin)
+        replay(window, alertmanager, WINDOW_S + margin)
         payloads = list(webhook.payloads)
     return [i.group_labels for i in ours], real_incidents(payloads)
 

@@ -72,14 +72,7 @@ def alert(name: str, node: str, gpu: str = "3", **labels: str) -> dict:
 
 def fire(alertmanager: Alertmanager, *alerts: dict, ends_in: float = 600) -> None:
     """Post alerts as Prometheus does, starting now (ends_in 0: resolve them)."""
-    def stamp(t: float) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
-
-    now = time.time()
-    body = json.dumps([{**a, "startsAt": stamp(now - 1), "endsAt": stamp(now + ends_in)} for a in alerts]).encode()
-    request = urllib.request.Request(alertmanager.url + "/api/v2/alerts", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10):
-        pass
+    alertmanager.post_alerts(alerts, ends_in)
 
 
 def settings(tmp_path: Path, cluster: SlurmCluster, alertmanager: Alertmanager, **section: object) -> Path:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,14 +54,8 @@ def test_plan_without_a_topology_file_blames_the_leaf_slurmctld_names(cluster: S
     nothing drained (without a fabric, the three would be drained: the breaker is wide open)."""
     alertmanager = Alertmanager({"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}).start()
     try:
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 1))
-        ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 600))
-        body = [{"labels": {"alertname": "FlopWatchGpuLost", "node": node, "gpu": "0", "severity": "page"},
-                 "startsAt": stamp, "endsAt": ends} for node in NODES[:3]]
-        request = urllib.request.Request(alertmanager.url + "/api/v2/alerts", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        urllib.request.urlopen(request, timeout=10).close()
+        alertmanager.post_alerts([{"labels": {"alertname": "FlopWatchGpuLost", "node": node, "gpu": "0",
+                                              "severity": "page"}} for node in NODES[:3]])
         config = tmp_path / "flopwatch.yml"
         config.write_text(yaml.safe_dump({"remediation": {
             "alertmanager": alertmanager.url, "state_dir": str(tmp_path / "state"),
