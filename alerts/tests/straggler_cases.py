@@ -326,6 +326,18 @@ CHECKS = {
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
+    "dataloader_small": """\
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: data_phase, job_id: llm, node: n0, gpu: "1", rank: "1", cause: dataloader}
+            exp_annotations:
+              summary: "Straggler in job llm: n0 GPU 1 (rank 1) 2.45% slower and rising, cause dataloader"
+              description: "Rank 1 of job llm on n0 GPU 1 takes 2.45% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: dataloader - its data loading takes most of the extra time."
+              evidence: peers
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
     "unexplained_floor": QUIET_TO_3M + """\
       - {eval_time: 195s, alertname: FlopWatchStraggler, exp_alerts: []}
 """,
@@ -522,6 +534,9 @@ def cases() -> list[Case]:
              "host_stall", CHECKS["host_stall"],
              data={rank: steady(0.1) for rank in range(8)},
              other={rank: slowed(0, 0.5) if rank == 1 else steady(0) for rank in range(8)}),
+        Case("a rank 2.5% slower whose data phase carries the excess is named at the corroborated bar (its own "
+             "phases corroborate it), cause dataloader", CHECKS["dataloader_small"], per_step=(1.0,),
+             data={rank: slowed(0.1, 0.225) if rank == 1 else steady(0.1) for rank in range(8)}),
         Case("must not page a rank 3.3% slower than peers in lockstep when nothing explains it (the unknown cause "
              "needs 3.5% in the 2m window)", CHECKS["unexplained_floor"],
              per_step=(1.0,), compute={6: slowed(5, 5.165)}),
