@@ -188,6 +188,26 @@ QUIET_TO_3M = """\
       - {eval_time: 3m, alertname: FlopWatchStraggler, exp_alerts: []}
 """
 
+def data_side_alert(detector: str, cause: str, percent: str, cause_text: str) -> str:
+    """The check of a case whose rank 1 (n0 GPU 1) is paged at 2m for its data or other phase."""
+    return f"""\
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {{severity: [[ sev.page ]], detector: {detector}, job_id: llm, node: n0, gpu: "1", rank: "1", cause: {cause}}}
+            exp_annotations:
+              summary: "Straggler in job llm: n0 GPU 1 (rank 1) {percent}% slower and rising, cause {cause}"
+              description: "Rank 1 of job llm on n0 GPU 1 takes {percent}% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: {cause} - {cause_text}."
+              evidence: peers
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+"""
+
+
+DATALOADER_TEXT = "its data loading takes most of the extra time"
+HOST_STALL_TEXT = ("host work outside data loading and GPU compute (the step's other phase: Python garbage "
+                   "collection, a blocking host call) takes most of the extra time")
+
 CHECKS = {
     "thermal": """\
     promql_expr_test:
@@ -302,42 +322,9 @@ CHECKS = {
       - {eval_time: 195s, alertname: FlopWatchStraggler, exp_alerts: []}
       - {eval_time: 200s, alertname: FlopWatchStraggler, exp_alerts: []}
 """,
-    "dataloader": """\
-    alert_rule_test:
-      - eval_time: 2m
-        alertname: FlopWatchStraggler
-        exp_alerts:
-          - exp_labels: {severity: [[ sev.page ]], detector: data_phase, job_id: llm, node: n0, gpu: "1", rank: "1", cause: dataloader}
-            exp_annotations:
-              summary: "Straggler in job llm: n0 GPU 1 (rank 1) 10.8% slower and rising, cause dataloader"
-              description: "Rank 1 of job llm on n0 GPU 1 takes 10.8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: dataloader - its data loading takes most of the extra time."
-              evidence: peers
-              runbook_url: [[ runbooks ]]#flopwatchstraggler
-""",
-    "host_stall": """\
-    alert_rule_test:
-      - eval_time: 2m
-        alertname: FlopWatchStraggler
-        exp_alerts:
-          - exp_labels: {severity: [[ sev.page ]], detector: other_phase, job_id: llm, node: n0, gpu: "1", rank: "1", cause: host_stall}
-            exp_annotations:
-              summary: "Straggler in job llm: n0 GPU 1 (rank 1) 10.8% slower and rising, cause host_stall"
-              description: "Rank 1 of job llm on n0 GPU 1 takes 10.8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_stall - host work outside data loading and GPU compute (the step's other phase: Python garbage collection, a blocking host call) takes most of the extra time."
-              evidence: peers
-              runbook_url: [[ runbooks ]]#flopwatchstraggler
-""",
-    "dataloader_small": """\
-    alert_rule_test:
-      - eval_time: 2m
-        alertname: FlopWatchStraggler
-        exp_alerts:
-          - exp_labels: {severity: [[ sev.page ]], detector: data_phase, job_id: llm, node: n0, gpu: "1", rank: "1", cause: dataloader}
-            exp_annotations:
-              summary: "Straggler in job llm: n0 GPU 1 (rank 1) 2.45% slower and rising, cause dataloader"
-              description: "Rank 1 of job llm on n0 GPU 1 takes 2.45% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: dataloader - its data loading takes most of the extra time."
-              evidence: peers
-              runbook_url: [[ runbooks ]]#flopwatchstraggler
-""",
+    "dataloader": data_side_alert("data_phase", "dataloader", "10.8", DATALOADER_TEXT),
+    "host_stall": data_side_alert("other_phase", "host_stall", "10.8", HOST_STALL_TEXT),
+    "dataloader_small": data_side_alert("data_phase", "dataloader", "2.45", DATALOADER_TEXT),
     "unexplained_floor": QUIET_TO_3M + """\
       - {eval_time: 195s, alertname: FlopWatchStraggler, exp_alerts: []}
 """,
