@@ -39,11 +39,22 @@ def failed_scrapes(seconds: float) -> str:
     return f'sum(count_over_time(up{{job="sim"}}[{window}])) - sum(sum_over_time(up{{job="sim"}}[{window}]))'
 
 
+#: Seconds a measured fleet runs before its first scrape: every series exists from the start.
+FLEET_HISTORY_S = 30.0
+
+
 @contextmanager
-def served_fleet(scenario: Scenario, tick: float | None = None) -> Iterator[tuple[FleetServer, Path]]:
+def served_fleet(scenario: Scenario, tick: float | None = None,
+                 history: float = 0.0) -> Iterator[tuple[FleetServer, Path]]:
     """The fleet served on loopback and ticking (every `tick` seconds, else at the scenario's
-    scrape interval), and the file_sd targets file that names its nodes; stopped on exit."""
-    server = FleetServer(Fleet(scenario, start_unix=time.time()))
+    scrape interval), and the file_sd targets file that names its nodes; stopped on exit. With
+    `history`, the fleet has run that many seconds before the first scrape, so every series it
+    will have exists from the start (the agents' recent windows need 10 s of steps): two engines
+    measured one after the other then see the same series."""
+    fleet = Fleet(scenario, start_unix=time.time() - history)
+    if history:
+        fleet.advance(history)
+    server = FleetServer(fleet)
     server.start()
     stop = threading.Event()
     ticker = threading.Thread(target=server.run, args=(0, stop, tick) if tick else (0, stop), daemon=True)
@@ -70,11 +81,11 @@ def wait_targets(client: PromClient, expected: int, within: float, engine: str =
 def scraped_fleet(scenario: Scenario, *, scrape_interval: str = "5s", evaluation_interval: str = "15s",
                   rule_files: Sequence[Path] = (), self_scrape: bool = True, tick: float | None = None,
                   targets: int | None = None, up_within: float = 300, query_timeout: float = 120,
-                  extra_args: Sequence[str] = ()) -> Iterator[ScrapedFleet]:
+                  extra_args: Sequence[str] = (), history: float = 0.0) -> Iterator[ScrapedFleet]:
     """The served fleet (served_fleet) and a Prometheus scraping it (and itself, with
     `self_scrape`), once `targets` (default: one per node) are up; SystemExit naming the count
     when they are not within `up_within` seconds."""
-    with served_fleet(scenario, tick) as (server, targets_file):
+    with served_fleet(scenario, tick, history) as (server, targets_file):
         prometheus = Prometheus([sim_scrape_job(targets_file)],
                                 rule_files=list(rule_files), scrape_interval=scrape_interval,
                                 evaluation_interval=evaluation_interval, extra_args=list(extra_args))

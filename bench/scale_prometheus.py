@@ -59,7 +59,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.fleet_prometheus import ScrapedFleet, failed_scrapes, scraped_fleet
+from bench.fleet_prometheus import FLEET_HISTORY_S, ScrapedFleet, failed_scrapes, scraped_fleet
 from bench.sim_capacity import cpu_seconds, fleet_scenario, report
 from flopwatch.sim import history
 from flopwatch.sim.fleet import Fleet
@@ -260,7 +260,7 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
     # samples are the same (values change every `tick` seconds instead of every scrape)
     with scraped_fleet(scenario, scrape_interval=f"{interval:g}s", self_scrape=False, tick=tick or interval,
                        targets=scrape_targets(scenario), query_timeout=300,
-                       extra_args=["--query.max-samples=200000000"]) as scraped:
+                       extra_args=["--query.max-samples=200000000"], history=FLEET_HISTORY_S) as scraped:
         return _measure_rules(scraped, seconds, interval, tick, rule_files, warmup)
 
 

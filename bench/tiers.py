@@ -78,6 +78,8 @@ from flopwatch.stack.vm_paths import INSERT_PATHS
 from flopwatch.stack.vmalert_rules import vmalert_rules
 
 SHARD, REPLICA = "shard-1", "a"
+#: Seconds the shard's remote write gets, after the window, to send what it holds up to its end.
+CATCH_UP_TIMEOUT_S = 60.0
 #: The GPUs of a node of bench/sim_capacity.py's fleet: --job-gpus counts whole nodes.
 GPUS_PER_NODE = 8
 #: As bench/scale_prometheus.py gives its Prometheus: a whole-fleet query must not hit the default limit.
@@ -192,12 +194,26 @@ def rules_digest(paths: Collection[Path]) -> str:
 
 
 # -- measuring -----------------------------------------------------------------------------------------
-def _series_by_name(client: PromClient, names: Collection[str]) -> dict[str, float]:
-    """name -> series of that name the server holds now (names with none left out); asked again
-    while VictoriaMetrics answers 503 (busy)."""
+def _sent_up_to(url: str, moment: float, timeout: float) -> float | None:
+    """Seconds until a Prometheus's remote write had sent every sample up to `moment` (its queues'
+    highest sent timestamp), or None if it had not within `timeout`."""
+    started = time.monotonic()
+    gauge = REMOTE_PREFIX + "queue_highest_sent_timestamp_seconds"
+    while time.monotonic() - started < timeout:
+        sent = server_metrics(url, (gauge,), "remote_name").values()
+        if sent and min(sent) >= moment:
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.5)
+    return None
+
+
+def _series_by_name(client: PromClient, names: Collection[str], at: float | None = None) -> dict[str, float]:
+    """name -> series of that name the server holds at `at` (or now; names with none left out);
+    asked again while VictoriaMetrics answers 503 (busy)."""
     if not names:
         return {}
-    answer = _answered(client, f'count by (__name__) ({{__name__=~"{"|".join(sorted(names))}"}})', how="query")
+    answer = _answered(client, f'count by (__name__) ({{__name__=~"{"|".join(sorted(names))}"}})', how="query",
+                       at=at)
     return {sample.labels["__name__"]: sample.value for sample in answer}
 
 
@@ -318,15 +334,21 @@ def tiers_phase(scenario: Scenario, targets_file: Path, alertmanager: str, secon
         window["vmalert_writes"] = counter_rates(vmalert_before, server_metrics(vmalert.url, VMALERT_WRITES, "group"),
                                                  window["wall"], VMALERT_WRITES)
         window["vmalert_failing"] = sorted(vmalert.rule_errors())
+        ended = time.time()
         vmalert.stop()      # its queries would keep VictoriaMetrics busy for the last ones
         vmalert = None
-        global_tier = _global_figures(config, PromClient(victoria.url, timeout=300), window, _recorded(global_files))
+        # the series both hold are counted at the window's end, once remote write has sent it all:
+        # counted as each finished, the shard's head held records the store had not been sent yet
+        window["remote_write_catch_up_s"] = _sent_up_to(prom.url, ended, CATCH_UP_TIMEOUT_S)
+        victoria.flush()
+        global_tier = _global_figures(config, PromClient(victoria.url, timeout=300), window, _recorded(global_files),
+                                      ended)
         shard |= {"failed_scrapes": client.scalar(failed_scrapes(window["wall"])), "rule_files": len(shard_files),
                   "rules_sha256": rules_digest(shard_files), "global_rules_sha256": rules_digest(global_files),
                   "head_series_by_name": _head_by_name(client),
                   "uptime_load_at_start": load_at_start, "uptime_load_at_end": uptime()}
         remote = _forwarded_figures(config, client, window, scenario.fleet.nodes * scenario.fleet.gpus_per_node,
-                                    shard["head_series"])
+                                    shard["head_series"], ended)
         return {"shard": shard, "remote_write": remote, "global": global_tier | {"vmalert_removed": removed}}
     finally:
         for server in (vmalert, prom, victoria):
@@ -335,12 +357,12 @@ def tiers_phase(scenario: Scenario, targets_file: Path, alertmanager: str, secon
 
 
 def _forwarded_figures(config: MixinConfig, client: PromClient, window: dict[str, Any], gpus: int,
-                       head_series: float) -> dict[str, Any]:
-    """remote_write_figures over the window, and what is forwarded by name: series and samples per
-    second from the shard's head, those the global rules read apart from the rest (forwarded for
-    the report and dashboards on the global tier)."""
+                       head_series: float, ended: float) -> dict[str, Any]:
+    """remote_write_figures over the window, and what is forwarded by name: series (at the window's
+    end) and samples per second from the shard's head, those the global rules read apart from the
+    rest (forwarded for the report and dashboards on the global tier)."""
     forwarded = tiers.forwarded_names(config)
-    by_name = _series_by_name(client, forwarded)
+    by_name = _series_by_name(client, forwarded, ended)
     sent_by_name = _samples_by_name(client, forwarded, window["wall"])
     for_rules = set(tiers.global_rule_inputs(config))   # the global rules' names alone
     remote = remote_write_figures(window["prometheus_first"], window["prometheus_last"], window["wall"], gpus,
@@ -357,23 +379,24 @@ def _forwarded_figures(config: MixinConfig, client: PromClient, window: dict[str
         "forwarded_samples_per_s_by_name": {name: round(n, 2) for name, n in sent_by_name.items()}}
 
 
-def _global_figures(config: MixinConfig, store: PromClient, window: dict[str, Any], recorded: set[str]
-                    ) -> dict[str, Any]:
+def _global_figures(config: MixinConfig, store: PromClient, window: dict[str, Any], recorded: set[str],
+                    ended: float) -> dict[str, Any]:
     """VictoriaMetrics's and vmalert's figures over the window (processes 1 and 2 of it), and the
-    series the store holds: all, forwarded, still carrying the replica label (none: it is dropped
-    before writing), and recorded by vmalert, by name."""
+    series the store holds at its end: all, forwarded, still carrying the replica label (none: it is
+    dropped before writing), and recorded by vmalert, by name."""
     wall, writes = window["wall"], window["vmalert_writes"]
     groups = vmalert_groups(window)
     spent = sum(group["duration_mean_s"] * group["iterations_run"] for group in groups.values())
     nominal = sum(group["nominal"] for group in groups.values())
     replica_label = config.topology.replica_label if config.topology else ""
-    recorded_series = _series_by_name(store, recorded)
+    recorded_series = _series_by_name(store, recorded, ended)
     return {
         "victoria_metrics_cpu_cores": round(window["cpu_each"][1] / wall, 3),
         "victoria_metrics_rss_gib_max": round(max(sample[1] for sample in window["rss"]) / 2**30, 3),
         "rows_taken_in_per_s": round(window["rows_per_s"], 1),
         "series_stored": _answered(store, 'count({__name__!=""})') or 0.0,
-        "forwarded_series_stored": sum(_series_by_name(store, tiers.forwarded_names(config)).values()),
+        "forwarded_series_stored": sum(_series_by_name(store, tiers.forwarded_names(config), ended).values()),
+        "remote_write_catch_up_s": window["remote_write_catch_up_s"],
         "series_with_replica_label": _answered(store, f'count({{{replica_label}!=""}})') or 0.0,
         "series_recorded_by_vmalert": sum(recorded_series.values()),
         "vmalert_cpu_cores": round(window["cpu_each"][2] / wall, 3),

@@ -14,6 +14,7 @@ go through flopwatch.stack.vmalert_rules first, which takes out what it names an
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import tempfile
@@ -26,7 +27,7 @@ from typing import Any
 import psutil
 import yaml
 
-from bench.fleet_prometheus import failed_scrapes, served_fleet, sim_scrape_job, wait_targets
+from bench.fleet_prometheus import FLEET_HISTORY_S, failed_scrapes, served_fleet, sim_scrape_job, wait_targets
 from bench.scale_prometheus import _busiest_others, _other_processes, scrape_targets, server_metrics, uptime
 from bench.sim_capacity import cpu_seconds
 from flopwatch.promql import PromClient, PromError
@@ -131,7 +132,7 @@ def serve_with_vmalert(scenario: Scenario, seconds: float, interval: float = 5.0
     if not rules:
         raise SystemExit("vmalert accepts none of the rule files; see `vmalert -dryRun -rule=FILE`")
     targets_expected = scrape_targets(scenario)
-    with served_fleet(scenario, tick or interval) as (server, targets):
+    with served_fleet(scenario, tick or interval, FLEET_HISTORY_S) as (server, targets):
         scrape = workdir / "promscrape.yml"
         scrape.write_text(yaml.safe_dump(_promscrape_config(targets, interval)))
         victoria = VictoriaMetrics(extra_args=[f"-promscrape.config={scrape}", "-search.maxUniqueTimeseries=100000000",
@@ -170,11 +171,13 @@ def serve_with_vmalert(scenario: Scenario, seconds: float, interval: float = 5.0
                     process.stop()
 
 
-def _answered(client: PromClient, expr: str, attempts: int = 6, how: str = "scalar") -> Any:
-    """A query's value (`how`: the client's `scalar`, or `query` for its samples), asked again after
-    a pause while VictoriaMetrics answers 503 (busy: its concurrent-request limit), which it does
-    under a starved fleet."""
+def _answered(client: PromClient, expr: str, attempts: int = 6, how: str = "scalar", at: float | None = None) -> Any:
+    """A query's value (`how`: the client's `scalar`, or `query` for its samples; at `at`, or now),
+    asked again after a pause while VictoriaMetrics answers 503 (busy: its concurrent-request
+    limit), which it does under a starved fleet."""
     ask = getattr(client, how)
+    if at is not None:
+        ask = functools.partial(ask, at=at)
     for attempt in range(1, attempts):
         try:
             return ask(expr)

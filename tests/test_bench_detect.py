@@ -184,6 +184,17 @@ def test_summary_headline_target_uses_5pct_faults_of_1024_gpu_jobs_only():
     assert head["measured"] == "25 s" and head["met"] is True
 
 
+def test_summary_counts_slow_rank_faults_named_within_15_s_against_90_percent():
+    t = truth([fault(0, "thermal_throttle", 1, 300, 600, gpu=2), fault(1, "power_cap", 2, 900, 1200, gpu=1,
+                                                                      cause="power")])
+    score = score_scenario(scenario(), t, [straggler(310, 1, 2, "thermal"), straggler(925, 2, 1, "power")], START)
+    fast = [target for target in summarize([score])["targets"] if "within 15 s" in target["what"]]
+    assert fast == [{"what": "90% of slow-rank faults named within 15 s", "measured": "1/2, 90th percentile 25 s",
+                     "met": False}]
+    quick = score_scenario(scenario(), t, [straggler(310, 1, 2, "thermal"), straggler(915, 2, 1, "power")], START)
+    assert [target["met"] for target in summarize([quick])["targets"] if "within 15 s" in target["what"]] == [True]
+
+
 # -- suite plumbing ----------------------------------------------------------------------------
 def test_the_shipped_suite_covers_every_fault_kind_and_10000_healthy_gpu_hours():
     from flopwatch.sim.scenario import FAULT_KINDS

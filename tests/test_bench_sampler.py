@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
+from flopwatch.catalog import train
 from flopwatch.detect.fast_sampler import FastSampler, supported_names
 from flopwatch.detect.remote_write import STALE_NAN_BITS
 from flopwatch.detect.sampler import ExactSampler, FleetSampler, Recorder, parse_series
@@ -174,3 +177,36 @@ def test_fast_reader_equals_the_agents_for_a_pipeline_job_and_a_trace_job():
     assert (ranks["p", "1"]["stage"], ranks["p", "1"]["dp_rank"]) == ("0", "1")
     if len(jobs) == 2:   # ST: 8 workers on the 4-GPU nodes 4 and 5; worker 7 is dp 1 of stage 3
         assert (ranks["st", "7"]["stage"], ranks["st", "7"]["dp_rank"]) == ("3", "1")
+
+
+def test_fast_reader_sums_each_nodes_ranks_of_a_job_as_the_agents_do_a_partly_used_node_included():
+    """The per node and job phase and checkpoint sums, against the agents' and against the node's own
+    per-rank series: 8 trace workers on 3-GPU nodes leave the last node two ranks."""
+    from flopwatch.traces import whatif
+
+    scenario = parse({"name": "sums", "seed": 2, "duration": "10m",
+                      "fleet": {"nodes": 4, "gpus_per_node": 3, "nics_per_node": 1},
+                      "jobs": [{"id": "st", "nodes": "0-2", "trace": str(whatif.shipped("ST")), "loop": True,
+                                "time_scale": 0.5},
+                               {"id": "j", "nodes": "3", "model": MODEL, "tokens_per_step": 131072,
+                                "target_mfu": 0.4, "checkpoint_every": "1m", "checkpoint_seconds": "5s"}]})
+    fleet = Fleet(scenario, 1.7e9)
+    assert compare(fleet, [0, 2, 3], 48, 3) > 2_000   # node 1 left out: placed nodes need not be consecutive
+    names = {metric.name for metric in (train.JOB_PHASE_SECONDS, train.JOB_CHECKPOINT_SECONDS, train.PHASE_SECONDS,
+                              train.CHECKPOINT_SECONDS)}
+    assert names <= supported_names()
+    sums: dict[tuple[str, str, str], float] = {}
+    ranks: dict[tuple[str, str, str], list[float]] = {}
+    for labels, value in as_dict(FastSampler(fleet, [0, 2, 3], names).sample(), names).items():
+        x = dict(labels)
+        key = (x["node"], x["job_id"], x.get("phase", x.get("kind", "")))
+        if "rank" in x:
+            ranks.setdefault(key, []).append(value)
+        else:
+            sums[key] = value
+    assert sums.keys() == ranks.keys() and len(sums) == 3 * 6
+    assert {node for node, *_ in sums} == {"node0000", "node0002", "node0003"}
+    assert len(ranks["node0002", "st", "compute"]) == 2 and len(ranks["node0000", "st", "compute"]) == 3
+    for key, value in sums.items():
+        assert value == pytest.approx(sum(ranks[key]), rel=1e-12, abs=1e-9), key
+    assert sums["node0003", "j", "save"] == 3 * fleet.jobs["j"].counters.checkpoint_seconds[0] > 0   # 3 ranks

@@ -119,12 +119,16 @@ def test_tiled_differences_offsets_and_divisors_follow_their_group(builds: dict[
     tile = goodput["interval"]
     assert tile == scrape.Scrape.of(interval).tile
     exprs = {rule["record"]: _expr(rule) for rule in goodput["rules"] if "record" in rule}
-    # the per-rank phase time, the per-node step time and replayed step time: differences against
-    # the evaluation one tile before
+    # the per-node phase, checkpoint, step and replayed step time: the tile before the evaluation,
+    # one tile to two tiles back (every scrape in it has landed), on the group's own grid
+    twice = scrape.Scrape.of(interval).settled_tile
+    assert duration_seconds(twice) == 2 * duration_seconds(tile)
     for record in ("job_id_phase:flopwatch_train_phase_seconds:increase15s", "job_id:flopwatch_step_time:increase15s",
-                   "job_id:flopwatch_replayed_step_time:increase15s"):
-        assert set(re.findall(rf"offset ({_DURATION})", exprs[record])) == {tile}, record
+                   "job_id:flopwatch_replayed_step_time:increase15s",
+                   "job_id:flopwatch_checkpoint_seconds:increase15s"):
+        assert set(re.findall(rf"offset ({_DURATION})", exprs[record])) == {tile, twice}, record
         assert not re.findall(rf"\[({_DURATION})\]", exprs[record]), record
+    assert set(re.findall(rf"offset ({_DURATION})", exprs["job_id:flopwatch_train_iteration:max"])) == {tile}
     assert exprs["job_id_phase:flopwatch_train_phase_seconds:rate5m"].endswith(f"/ {int(duration_seconds(tile))}")
     assert set(re.findall(rf"offset ({_DURATION})", exprs["job_id:flopwatch_replayed_steps:ratio15s"])) == {tile}
     # The interruptions group: its offsets read its own evaluation before, and its held hours count

@@ -72,6 +72,40 @@ def test_an_interruption_stops_the_job_and_it_redoes_the_steps_since_its_checkpo
         assert node.nics[first.nic].link_downed == 1
 
 
+def test_a_nodes_job_sums_never_go_back_across_an_interruption_and_its_restart():
+    """The job's phase and checkpoint sums per node (what the agent keeps monotonic) only grow while
+    the job stops, restarts and redoes the steps since its checkpoint, and grow again after it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from flopwatch.sim.node import SimNodeAgent
+
+    scenario = parse(_scenario({"preset": "llama3", "rate_scale": 3000, "seed": 1}, checkpoint="2m"))
+    fleet = Fleet(scenario, start_unix=1.7e9)
+    first = fleet.interruptions[0]
+    state = fleet.jobs["j"]
+    agents = [SimNodeAgent(fleet, node, gpus=False) for node in fleet.nodes]
+
+    def sums() -> dict[tuple[str, str], float]:
+        lines = b"\n".join(line for agent in agents for line in agent.render().split(b"\n")
+                           if line.startswith((b"flopwatch_train_job_phase_", b"flopwatch_train_job_checkpoint_")))
+        return {(sample.labels["node"], sample.labels.get("phase", sample.labels.get("kind"))): sample.value
+                for family in text_string_to_metric_families(lines.decode() + "\n") for sample in family.samples}
+
+    while fleet.t < first.start - 150:
+        fleet.advance(5.0)
+    before = last = sums()
+    assert len(before) == 2 * 6 and before["node0000", "save"] > 0
+    while fleet.t < first.end + 300:
+        fleet.advance(5.0)
+        now = sums()
+        assert now.keys() == last.keys()
+        went_back = {key: (last[key], value) for key, value in now.items() if value < last[key]}
+        assert not went_back, f"t={fleet.t:g}: {went_back}"
+        last = now
+    assert first.restarted and first.lost_steps > 0 and state.truth.lost_steps > 0   # it redid steps
+    assert all(last[key] > before[key] for key in before if key[1] in ("compute", "comm", "save"))
+
+
 def test_truth_has_every_interruption_its_telemetry_cause_and_ettr():
     scenario = parse(_scenario({"preset": "llama3", "rate_scale": 3000, "seed": 2}))
     fleet = Fleet(scenario)

@@ -108,3 +108,69 @@ def test_a_node_with_a_finished_and_a_running_job_shows_each_jobs_step_histogram
         assert len(set(buckets.values())) <= 1, f"t={fleet.t:g}: {buckets}"
         both += counts.keys() == {"a", "b"}
     assert both > 10   # the finished job's series linger beside the running one's
+
+
+def _train_samples(exposition: bytes, prefix: bytes = b"flopwatch_train_") -> list:
+    """The samples of the lines that start with `prefix` (parsing a whole node's text is slow)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    lines = b"\n".join(line for line in exposition.split(b"\n") if line.startswith(prefix))
+    return [sample for family in text_string_to_metric_families(lines.decode() + "\n") for sample in family.samples]
+
+
+def job_sums_and_rank_sums(exposition: bytes) -> tuple[dict, dict]:
+    """(job, phase or kind) -> the node's job sum as rendered, and the same keys summed over the
+    node's per-rank series."""
+    sums: dict[tuple[str, str], float] = {}
+    ranks: dict[tuple[str, str], float] = {}
+    for sample in _train_samples(exposition):
+        labels = sample.labels
+        if sample.name == "flopwatch_train_job_phase_seconds_total":
+            sums[labels["job_id"], labels["phase"]] = sample.value
+        elif sample.name == "flopwatch_train_job_checkpoint_seconds_total":
+            sums[labels["job_id"], labels["kind"]] = sample.value
+        elif sample.name == "flopwatch_train_phase_seconds_total":
+            key = (labels["job_id"], labels["phase"])
+            ranks[key] = ranks.get(key, 0.0) + sample.value
+        elif sample.name == "flopwatch_train_checkpoint_seconds_total":
+            key = (labels["job_id"], labels["kind"])
+            ranks[key] = ranks.get(key, 0.0) + sample.value
+    return sums, ranks
+
+
+def test_each_nodes_job_sums_are_its_own_ranks_series_summed_per_job_phase_and_kind() -> None:
+    """Job b runs on nodes 0-2 (each node sums its own eight ranks); job a, finished, lingers on
+    node 0 beside b and keeps its own sums. The per-rank series stay as they were."""
+    from flopwatch.sim.jobs import PHASES
+
+    fleet = Fleet(parse({
+        "name": "two-jobs", "seed": 5, "duration": "20m", "scrape_interval": "5s",
+        "fleet": {"nodes": 3, "gpus_per_node": 8, "gpu_model": "H100-SXM", "nics_per_node": 8},
+        "jobs": [{"id": "a", "nodes": "0-1", "model": MODEL_8B, "tokens_per_step": 524288, "target_mfu": 0.42,
+                  "end": "2m", "checkpoint_every": "1m", "checkpoint_seconds": "5s"},
+                 {"id": "b", "nodes": "0-2", "model": MODEL_8B, "tokens_per_step": 524288, "target_mfu": 0.4,
+                  "start": "2m", "checkpoint_every": "1m", "checkpoint_seconds": "7s"}],
+        "faults": [{"kind": "thermal_throttle", "node": 1, "gpu": 3, "start": "2m30s", "duration": "5m"}],
+    }), start_unix=1.7e9)
+    agents = [SimNodeAgent(fleet, node, gpus=False) for node in fleet.nodes]
+    both = 0
+    while fleet.t < 300:
+        fleet.advance(5.0)
+        per_node = []
+        for agent in agents:
+            sums, ranks = job_sums_and_rank_sums(agent.render())
+            assert sums.keys() == ranks.keys(), f"t={fleet.t:g}"
+            assert {kind for _, kind in sums} <= {*PHASES, "save"}
+            for key, value in sums.items():
+                assert value == pytest.approx(ranks[key], rel=1e-12, abs=1e-9), f"{key} at t={fleet.t:g}"
+            per_node.append(sums)
+        jobs_on_0 = {job for job, _ in per_node[0]}
+        assert {job for job, _ in per_node[2]} <= {"b"}
+        if jobs_on_0 == {"a", "b"}:
+            both += 1
+            assert per_node[0]["a", "save"] == 8 * 5.0 and per_node[0]["b", "compute"] > 0
+            assert per_node[0]["a", "compute"] != per_node[1]["a", "compute"]   # the nodes' own ranks
+    assert both > 10
+    # the straggling GPU makes node 1's sum its own: not the job's total split evenly
+    assert len({sums["b", "comm"] for sums in per_node}) == 3
+    assert per_node[0]["b", "save"] > 0

@@ -26,6 +26,7 @@ from flopwatch.catalog import metrics_of
 from flopwatch.catalog import train as m
 from flopwatch.config import TrainOptions
 from flopwatch.errors import UsageError
+from flopwatch.exporters import train_recent
 from flopwatch.exporters.agent import Agent
 from flopwatch.exporters.train_intake import BURST, REASONS, TrainIntake
 from flopwatch.exporters.train_socket import IntakeError, open_socket
@@ -502,3 +503,151 @@ def test_replays_are_counted_per_rank_and_summed_per_job_and_never_go_back():
     intake.options = dataclasses.replace(intake.options, expiry=0.0)
     intake.handle(_datagram(rank=0, steps=5, instance=2, iteration=11), time.monotonic() + 1, 1020.0)
     assert _replayed(intake) == (8, 8.0)
+
+
+# -- the recent window ----------------------------------------------------------------------------
+BASE = 1000.0          # a monotonic clock the tests drive; whole seconds are exact in binary
+
+
+class _Client:
+    """One rank's running totals, sent as one datagram per step straight into `handle()`."""
+
+    def __init__(self, intake: TrainIntake, rank: int = 0, instance: int = 1) -> None:
+        self.intake, self.rank, self.instance = intake, rank, instance
+        self.steps = 0
+        self.totals = dict.fromkeys(wire.PHASES, 0.0)
+
+    def step(self, now: float, data: float = 0.1, compute: float = 0.6, other: float = 0.05) -> None:
+        self.steps += 1
+        for name, seconds in (("data", data), ("compute", compute), ("comm", 0.2), ("optimizer", 0.05),
+                              ("other", other)):
+            self.totals[name] += seconds
+        self.intake.handle(_datagram(rank=self.rank, steps=self.steps, instance=self.instance,
+                                     phases=dict(self.totals)), now, BASE + now)
+
+
+def _recent(intake: TrainIntake, now: float, rank: int = 0) -> tuple[float, float, float] | None:
+    """(arrival, data, other) per step as exported after `update(now)`; None when all are absent."""
+    intake.update(now=now)
+    reg = _Registry(intake)
+    labels = {"job_id": "job-a", "rank": str(rank), "gpu": ""}
+    values = (reg.get("flopwatch_train_recent_arrival_seconds", **labels),
+              *(reg.get("flopwatch_train_recent_phase_seconds", phase=phase, **labels) for phase in m.RECENT_PHASES))
+    if all(value is None for value in values):
+        return None
+    assert None not in values, values                 # the gauges come and go together
+    return values
+
+
+def _means(data: list[float], other: list[float], compute: float = 0.6) -> tuple:
+    """The gauges' expected values for these per-step seconds, to a relative 1e-9."""
+    mean_data, mean_other = sum(data) / len(data), sum(other) / len(other)
+    return pytest.approx((mean_data + compute + mean_other, mean_data, mean_other), rel=1e-9)
+
+
+def test_the_recent_gauges_are_the_mean_of_the_last_window_of_steps():
+    """Steps of 1 s: the window ends at the latest report and starts 10 steps before it."""
+    intake = _intake()
+    slow, steady = _Client(intake, rank=0), _Client(intake, rank=1)
+    data = [0.1] * 10 + [0.3] * 5                      # rank 0's data loading slows down at step 11
+    other = [0.05] * 12 + [0.02] * 3
+    for i in range(15):
+        slow.step(BASE + i, data=data[i], other=other[i])
+        steady.step(BASE + i)
+    assert _recent(intake, BASE + 15) == _means(data[-10:], other[-10:])    # 0.2 data: half slowed
+    assert _recent(intake, BASE + 15, rank=1) == _means([0.1] * 10, [0.05] * 10)
+    slow.step(BASE + 15, data=0.3)
+    assert _recent(intake, BASE + 16) == _means([*data[-9:], 0.3], [*other[-9:], 0.05])
+    samples = [s for family in intake.collect() if family.name == "flopwatch_train_recent_phase_seconds"
+               for s in family.samples]
+    assert sorted((s.labels["rank"], s.labels["phase"]) for s in samples) == [
+        ("0", "data"), ("0", "other"), ("1", "data"), ("1", "other")]
+
+
+def test_the_recent_gauges_are_absent_until_a_full_window_exists():
+    intake = _intake()
+    client = _Client(intake)
+    for i in range(10):                                # reports over 9 s: no report 10 s before the last
+        client.step(BASE + i, data=0.1 * (i + 1))
+        assert _recent(intake, BASE + i + 0.5) is None
+    assert intake._snapshot.ranks and _Registry(intake).get("flopwatch_train_steps_total", job_id="job-a",
+                                                            rank="0", gpu="") == 10
+    client.step(BASE + 10, data=1.1)                   # exactly 10 s after the first: it starts the window
+    assert _recent(intake, BASE + 10.5) == _means([0.1 * i for i in range(2, 12)], [0.05] * 10)
+
+
+def test_steps_longer_than_the_window_are_measured_over_the_last_two():
+    intake = _intake()
+    client = _Client(intake)
+    client.step(BASE, data=0.5)
+    client.step(BASE + 18, data=1.0)
+    assert _recent(intake, BASE + 19) is None          # 18 s back, but only one step
+    client.step(BASE + 36, data=2.0)
+    assert _recent(intake, BASE + 37) == _means([1.0, 2.0], [0.05, 0.05])
+    client.step(BASE + 54, data=4.0, other=0.25)
+    assert _recent(intake, BASE + 55) == _means([2.0, 4.0], [0.05, 0.25])
+
+
+def test_the_recent_gauges_go_away_after_30_s_without_a_step_and_come_back():
+    intake = _intake()
+    client = _Client(intake)
+    for i in range(12):
+        client.step(BASE + i)
+    last = BASE + 11
+    assert _recent(intake, last + m.RECENT_STALE_S) == _means([0.1] * 10, [0.05] * 10)
+    assert _recent(intake, last + m.RECENT_STALE_S + 0.5) is None
+    assert _recent(intake, last + 60) is None
+    client.step(last + 61, data=0.7)                   # the rank steps again: the last two steps
+    assert _recent(intake, last + 61.5) == _means([0.1, 0.7], [0.05, 0.05])
+
+
+def test_a_client_restart_starts_the_recent_window_over():
+    intake = _intake()
+    first = _Client(intake, instance=1)
+    for i in range(15):
+        first.step(BASE + i, data=0.1)
+    assert _recent(intake, BASE + 15) == _means([0.1] * 10, [0.05] * 10)
+    second = _Client(intake, instance=2)               # same rank, new process: totals start over
+    for i in range(15, 25):                            # 9 s of its reports: none reaches across
+        second.step(BASE + i, data=0.4)
+        assert _recent(intake, BASE + i + 0.5) is None
+    second.step(BASE + 25, data=0.6)
+    assert _recent(intake, BASE + 25.5) == _means([0.4] * 9 + [0.6], [0.05] * 10)
+
+
+def _starts_within(value: tuple, data: list[float], last: int, tick: float) -> bool:
+    """Whether `value` is the mean over the steps after some report k that lies between 10 s and
+    10 s + two resolutions before report `last` (the start a coalesced history can keep)."""
+    span = m.RECENT_WINDOW_S + 2 * train_recent.RESOLUTION_S
+    first = last - int(span / tick) - 1
+    return any(value == _means(data[k + 1:last + 1], [0.002] * (last - k), compute=0.01)
+               for k in range(max(first, 0), last) if (last - k) * tick >= m.RECENT_WINDOW_S)
+
+
+def test_the_recent_history_stays_bounded_and_right_under_a_flood_of_reports():
+    """Reports as fast as the flood guard lets them (one per 2**-10 s, exact in binary): the history
+    keeps them half a second apart, never past its bound, and the window still starts 10 s back."""
+    intake = _intake()
+    client = _Client(intake)
+    tick = 2.0 ** -10
+    data = [0.001 * (i % 7) for i in range(30_000)]    # varies: a window off by a report shows
+    state = None
+    for i in range(30_000):
+        client.step(BASE + i * tick, data=data[i], compute=0.01, other=0.002)
+        state = state or intake._ranks[(b"job-a", 0)]
+        assert len(state.recent) <= train_recent.MAXLEN
+        if i in (20_000, 29_999):
+            value = _recent(intake, BASE + i * tick)
+            assert value is not None and _starts_within(value, data, i, tick)
+    assert intake.accepted == 30_000
+    assert len(state.recent) <= m.RECENT_WINDOW_S / train_recent.RESOLUTION_S * 2 + 2
+
+
+def test_a_bound_that_drops_the_window_start_leaves_the_gauges_absent_not_wrong(monkeypatch):
+    monkeypatch.setattr(train_recent, "MAXLEN", 5)
+    intake = _intake()
+    client = _Client(intake)
+    for i in range(15):                                # 1 s steps: the window needs 11 reports
+        client.step(BASE + i, data=0.1 * (i + 1))
+    assert len(intake._ranks[(b"job-a", 0)].recent) == 5
+    assert _recent(intake, BASE + 15) is None

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flopwatch.catalog import train
 from flopwatch.exporters.gpu.reading import CLOCK_EVENT_BITS
 
 OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" / "tests" / "stragglers.yml"
@@ -25,8 +26,12 @@ OUT = Path(__file__).resolve().parents[2] / "flopwatch" / "mixin" / "templates" 
 #: loaded rule at every step; without NIC series its records are absent either way).
 NIC_OUT = OUT.with_name("stragglers-nic.yml")
 SAMPLES = 40
+INTERVAL_S = 5.0                                              # seconds between samples
 FAULT = 12
 HEALTHY = (1.00, 1.01, 0.99, 1.00, 1.02, 1.00, 0.98, 1.00)   # compute seconds per step
+#: A peer group with a wide, steady spread: its median (1.00) and its MAD (0.03: 1 robust sigma
+#: 4.45%) stay put when rank 0 slows, so an 11% slowdown sits between 2 and 3 robust sigmas.
+WIDE = (1.00, 1.00, 1.00, 0.97, 1.03, 0.97, 1.03, 0.97)
 STEPS = 5                                                     # steps per sample
 HEADER = """\
 # promtool tests for alerts/flopwatch-stragglers.yml (run: promtool test rules alerts/tests/*.yml).
@@ -88,6 +93,34 @@ def added(*notations: str) -> str:
     return " ".join("_" if None in column else num(sum(column)) for column in columns)
 
 
+def recent(counter: str, steps: str) -> str:
+    """What the agent's recent gauge of `counter` reads at each sample (flopwatch/catalog/train.py,
+    RECENT_*): per step between the latest sample whose steps grew and the newest sample at least
+    RECENT_WINDOW_S and RECENT_MIN_STEPS steps before it, within one run of samples (an agent or
+    client restart starts a new one); missing before a full window and once no step has come for
+    RECENT_STALE_S."""
+    values, counts = expand(counter), expand(steps)
+    out: list[str] = []
+    run_start, last = 0, None
+    for i, count in enumerate(counts):
+        if count is None or values[i] is None:
+            out.append("_")
+            run_start, last = i + 1, None
+            continue
+        if i > run_start and count < counts[i - 1]:     # a restarted client counts from 0 again
+            run_start, last = i, None
+        if last is None or count > counts[last]:
+            last = i
+        starts = [j for j in range(run_start, last)
+                  if (last - j) * INTERVAL_S >= train.RECENT_WINDOW_S and count - counts[j] >= train.RECENT_MIN_STEPS]
+        if (i - last) * INTERVAL_S > train.RECENT_STALE_S or not starts:
+            out.append("_")
+            continue
+        first = starts[-1]
+        out.append(num((values[last] - values[first]) / (counts[last] - counts[first])))
+    return " ".join(out)
+
+
 def node_of(rank: int) -> str:
     return f"n{rank // 4}"
 
@@ -130,14 +163,20 @@ class Case:
             for rank in range(self.ranks):
                 labels = self.rank_labels(rank)
                 per_step = self.per_step[rank % len(self.per_step)]
-                out.append((f"flopwatch_train_steps_total{{{labels}}}",
-                            self.steps.get(rank, steady(self.steps_per_sample))))
+                steps = self.steps.get(rank, steady(self.steps_per_sample))
+                out.append((f"flopwatch_train_steps_total{{{labels}}}", steps))
                 compute = self.compute.get(rank, steady(self.steps_per_sample * per_step))
                 out.append((f'flopwatch_train_phase_seconds_total{{{labels},phase="compute"}}', compute))
-                # what the agent exports beside the phases: data + compute + other
+                # what the agent exports beside the phases: data + compute + other, and the recent
+                # gauges of arrival and of the host-side phases the case lays out
                 host = [phases[rank] for phases in (self.data, self.other) if rank in phases]
                 arrival = added(compute, *host) if host else compute
                 out.append((f"flopwatch_train_arrival_seconds_total{{{labels}}}", arrival))
+                out.append((f"flopwatch_train_recent_arrival_seconds{{{labels}}}", recent(arrival, steps)))
+                for phase, phases in (("data", self.data), ("other", self.other)):
+                    if rank in phases:
+                        out.append((f'flopwatch_train_recent_phase_seconds{{{labels},phase="{phase}"}}',
+                                    recent(phases[rank], steps)))
             if self.job_ranks:
                 for node in sorted({node_of(rank) for rank in range(self.ranks)}):
                     out.append((f'flopwatch_train_job_ranks{{{target(node)},job_id="{self.job_id}"}}',
@@ -198,7 +237,7 @@ def data_side_alert(detector: str, cause: str, percent: str, cause_text: str) ->
           - exp_labels: {{severity: [[ sev.page ]], detector: {detector}, job_id: llm, node: n0, gpu: "1", rank: "1", cause: {cause}}}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 1 (rank 1) {percent}% slower and rising, cause {cause}"
-              description: "Rank 1 of job llm on n0 GPU 1 takes {percent}% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: {cause} - {cause_text}."
+              description: "Rank 1 of job llm on n0 GPU 1 takes {percent}% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: {cause} - {cause_text}."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """
@@ -236,9 +275,25 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n1, gpu: "1", rank: "5", cause: thermal}
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 1 (rank 5) 8% slower and rising, cause thermal"
-              description: "Rank 5 of job llm on n1 GPU 1 takes 8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 8.02% longer than on the job's median GPU."
+              description: "Rank 5 of job llm on n1 GPU 1 takes 8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 8.02% longer than on the job's median GPU."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
+    "fast": """\
+    promql_expr_test:
+      - expr: count by (rank, detector, cause) (ALERTS{alertname="FlopWatchStraggler", alertstate="firing"})
+        eval_time: 60s
+        exp_samples: []
+      - expr: count by (rank, detector, cause) (ALERTS{alertname="FlopWatchStraggler", alertstate="firing"})
+        eval_time: 70s
+        exp_samples:
+          - labels: '{rank="5", detector="corroborated", cause="thermal"}'
+            value: 1
+      - expr: round(job_id_rank:flopwatch_straggler_score:ratio_recent{rank="5"}, 0.0001)
+        eval_time: 65s
+        exp_samples:
+          - labels: '{job_id="llm", node="n1", gpu="1", rank="5"}'
+            value: 1.03
 """,
     "power": """\
     alert_rule_test:
@@ -248,7 +303,7 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "2", rank: "2", cause: power}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 2 (rank 2) 5% slower and rising, cause power"
-              description: "Rank 2 of job llm on n0 GPU 2 takes 5% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: power - power-cap or power-brake clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 6.39% longer than on the job's median GPU."
+              description: "Rank 2 of job llm on n0 GPU 2 takes 5% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: power - power-cap or power-brake clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 6.39% longer than on the job's median GPU."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
@@ -260,7 +315,7 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n1, gpu: "3", rank: "7", cause: pcie}
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 3 (rank 7) 5% slower and rising, cause pcie"
-              description: "Rank 7 of job llm on n1 GPU 3 takes 5% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: pcie - its PCIe link is narrower than its maximum or replaying."
+              description: "Rank 7 of job llm on n1 GPU 3 takes 5% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: pcie - its PCIe link is narrower than its maximum or replaying."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
@@ -272,25 +327,25 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "0", rank: "0", cause: host_cpu}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 0 (rank 0) 9.45% slower and rising, cause host_cpu"
-              description: "Rank 0 of job llm on n0 GPU 0 takes 9.45% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              description: "Rank 0 of job llm on n0 GPU 0 takes 9.45% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "1", rank: "1", cause: host_cpu}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 1 (rank 1) 10.5% slower and rising, cause host_cpu"
-              description: "Rank 1 of job llm on n0 GPU 1 takes 10.5% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              description: "Rank 1 of job llm on n0 GPU 1 takes 10.5% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "2", rank: "2", cause: host_cpu}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 2 (rank 2) 8.36% slower and rising, cause host_cpu"
-              description: "Rank 2 of job llm on n0 GPU 2 takes 8.36% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              description: "Rank 2 of job llm on n0 GPU 2 takes 8.36% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "3", rank: "3", cause: host_cpu}
             exp_annotations:
               summary: "Straggler in job llm: n0 GPU 3 (rank 3) 9.45% slower and rising, cause host_cpu"
-              description: "Rank 3 of job llm on n0 GPU 3 takes 9.45% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
+              description: "Rank 3 of job llm on n0 GPU 3 takes 9.45% longer per step to reach the gradient collective than the median rank of its peers (of 12 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: host_cpu - the node's CPUs are over [[ c.stragglers.host_cpu_busy | pct ]] busy."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
@@ -315,7 +370,7 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: rank_only, job_id: llm, node: n1, gpu: "2", rank: "6", cause: unknown}
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 2 (rank 6) 7.8% slower and rising, cause unknown"
-              description: "Rank 6 of job llm on n1 GPU 2 takes 7.8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: unknown - no telemetry of its GPU or node explains it."
+              description: "Rank 6 of job llm on n1 GPU 2 takes 7.8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: unknown - no telemetry of its GPU or node explains it."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
       - {eval_time: 190s, alertname: FlopWatchStraggler, exp_alerts: []}
@@ -324,6 +379,25 @@ CHECKS = {
 """,
     "dataloader": data_side_alert("data_phase", "dataloader", "10.8", DATALOADER_TEXT),
     "host_stall": data_side_alert("other_phase", "host_stall", "10.8", HOST_STALL_TEXT),
+    "power_wide": """\
+    promql_expr_test:
+      - expr: round(job_id_stage:flopwatch_straggler_score:mad2m, 0.0001)
+        eval_time: 2m
+        exp_samples:
+          - labels: '{job_id="llm"}'
+            value: 0.03
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: FlopWatchStraggler
+        exp_alerts:
+          - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n0, gpu: "0", rank: "0", cause: power}
+            exp_annotations:
+              summary: "Straggler in job llm: n0 GPU 0 (rank 0) 11% slower and rising, cause power"
+              description: "Rank 0 of job llm on n0 GPU 0 takes 11% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: power - power-cap or power-brake clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 11% longer than on the job's median GPU."
+              evidence: peers
+              runbook_url: [[ runbooks ]]#flopwatchstraggler
+""",
+    "dataloader_wide": data_side_alert("data_phase", "dataloader", "10.8", DATALOADER_TEXT),
     "dataloader_small": data_side_alert("data_phase", "dataloader", "2.45", DATALOADER_TEXT),
     "unexplained_floor": QUIET_TO_3M + """\
       - {eval_time: 195s, alertname: FlopWatchStraggler, exp_alerts: []}
@@ -396,7 +470,7 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: big, node: n0, gpu: "1", rank: "1", cause: thermal}
             exp_annotations:
               summary: "Straggler in job big: n0 GPU 1 (rank 1) 9% slower and rising, cause thermal"
-              description: "Rank 1 of job big on n0 GPU 1 takes 9% longer per step to reach the gradient collective than the median rank of its peers (of 64 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 8.02% longer than on the job's median GPU."
+              description: "Rank 1 of job big on n0 GPU 1 takes 9% longer per step to reach the gradient collective than the median rank of its peers (of 64 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: thermal - thermal clock events and an SM clock below the job's other GPUs; at its SM clock its kernels take 8.02% longer than on the job's median GPU."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
@@ -451,7 +525,7 @@ CHECKS = {
           - exp_labels: {severity: [[ sev.page ]], detector: corroborated, job_id: llm, node: n1, gpu: "1", rank: "5", cause: nic, switch: leaf1, spine: spine1}
             exp_annotations:
               summary: "Straggler in job llm: n1 GPU 1 (rank 5) 8% slower and rising, cause nic"
-              description: "Rank 5 of job llm on n1 GPU 1 takes 8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its 30-second window still holds steps from before: the figure grows to the full slowdown within 30 s (the job dashboard shows it as it does). Probable cause: nic - InfiniBand errors, link downs or transmit waits on the node (a port to switch leaf1: see whether the switch is degraded)."
+              description: "Rank 5 of job llm on n1 GPU 1 takes 8% longer per step to reach the gradient collective than the median rank of its peers (of 8 ranks in the job); every other rank waits for it, so the whole job runs that much slower. It slowed within the last 2 minutes, so its recent steps still include some from before: the figure grows to the full slowdown within 10 s (the job dashboard shows it as it does). Probable cause: nic - InfiniBand errors, link downs or transmit waits on the node (a port to switch leaf1: see whether the switch is degraded)."
               evidence: peers
               runbook_url: [[ runbooks ]]#flopwatchstraggler
 """,
@@ -498,6 +572,10 @@ def cases() -> list[Case]:
              compute={5: slowed(5, 5.4)},
              gpu_values={("n1", 1, "gpu_sm_clock_hertz"): "1980e6x11 1833e6x28"},
              after_gpu={("n1", 1): event("n1", 1, "sw_thermal", "0x11 1x28")}),
+        Case("a 6% thermal straggler is paged 10 s after it slows (its score is over the bar after one scrape; its GPU evidence, a group of its own, within one more evaluation)",
+             CHECKS["fast"], compute={5: slowed(5, 5.3)},
+             gpu_values={("n1", 1, "gpu_sm_clock_hertz"): "1980e6x11 1867.9e6x28"},
+             after_gpu={("n1", 1): event("n1", 1, "sw_thermal", "0x11 1x28")}),
         Case("power-capped GPU slows its rank, cause power", CHECKS["power"],
              compute={2: slowed(4.95, 5.25)},
              gpu_values={("n0", 2, "gpu_sm_clock_hertz"): "1980e6x11 1861e6x28"},
@@ -524,6 +602,18 @@ def cases() -> list[Case]:
         Case("a rank 2.5% slower whose data phase carries the excess is named at the corroborated bar (its own "
              "phases corroborate it), cause dataloader", CHECKS["dataloader_small"], per_step=(1.0,),
              data={rank: slowed(0.1, 0.225) if rank == 1 else steady(0.1) for rank in range(8)}),
+        Case("in a group of wide spread, a power-capped rank 11% slower (2.5 robust sigmas) is named at the bar of "
+             "its GPU's own clock evidence, cause power", CHECKS["power_wide"], per_step=WIDE,
+             compute={0: slowed(5, 5.55)},
+             gpu_values={("n0", 0, "gpu_sm_clock_hertz"): "1980e6x11 1783.8e6x28"},
+             after_gpu={("n0", 0): event("n0", 0, "sw_power_cap", "0x11 1x28")}),
+        Case("in a group of wide spread, rank 1 11% slower by its data phase (2.5 robust sigmas) is named, cause "
+             "dataloader", CHECKS["dataloader_wide"], per_step=WIDE,
+             data={rank: slowed(0.1, 0.65) if rank == 1 else steady(0.1) for rank in range(8)}),
+        Case("must not page, in a group of wide spread, rank 1 11% slower by its other phase (2.5 robust sigmas, "
+             "which healthy garbage collection reaches; host_stall needs 3)", QUIET_TO_3M, per_step=WIDE,
+             data={rank: steady(0.1) for rank in range(8)},
+             other={rank: slowed(0, 0.55) if rank == 1 else steady(0) for rank in range(8)}),
         Case("must not page a rank 3.3% slower than peers in lockstep when nothing explains it (the unknown cause "
              "needs 3.5% in the 2m window)", CHECKS["unexplained_floor"],
              per_step=(1.0,), compute={6: slowed(5, 5.165)}),

@@ -48,9 +48,56 @@ ARRIVAL_SECONDS = Metric(
     "and other phase seconds summed. Straggler rules compare it across peers every few seconds, and "
     "one series per rank costs them a third of reading the three phases.", RANK,
 )
+#: The recent window the agent keeps per rank (RECENT_ARRIVAL, RECENT_PHASE): the rank's steps of
+#: about the last RECENT_WINDOW_S seconds before its latest report, and never fewer than
+#: RECENT_MIN_STEPS of them (steps longer than the window are measured over the last two); the
+#: gauges go away once the rank has reported no step for RECENT_STALE_S (no step, no score).
+RECENT_WINDOW_S = 10.0
+RECENT_MIN_STEPS = 2
+RECENT_STALE_S = 30.0
+
+
+def starts_recent_window(seconds_before: float, steps_before: float) -> bool:
+    """Whether a report this far before a rank's latest can start its recent window: the one rule
+    the agent's intake and the simulator both apply."""
+    return seconds_before >= RECENT_WINDOW_S and steps_before >= RECENT_MIN_STEPS
+
+
+#: The host-side phases RECENT_PHASE carries: the straggler rules' data_phase and other_phase causes.
+RECENT_PHASES: tuple[str, ...] = ("data", "other")
+RECENT_ARRIVAL = Metric(
+    "flopwatch_train_recent_arrival_seconds", "gauge", "seconds",
+    "Arrival seconds per step of this rank's recent steps (data, compute and other phases: the time "
+    f"before it reaches the gradient collective), over its steps of about the last {RECENT_WINDOW_S:g} s "
+    f"before its latest report and at least its last {RECENT_MIN_STEPS}: the difference of its running "
+    f"totals between that report and the newest earlier one at least {RECENT_WINDOW_S:g} s and "
+    f"{RECENT_MIN_STEPS} steps older, over the steps between them. The agent sees every report, so this "
+    "is current within a step, where a rule's increase over scraped counters lags by its window; the "
+    "straggler rules' fast score reads it. Absent until the rank has such a window, and once it has "
+    f"reported no step for {RECENT_STALE_S:g} s.", RANK,
+)
+RECENT_PHASE = Metric(
+    "flopwatch_train_recent_phase_seconds", "gauge", "seconds",
+    "Seconds per step of this rank's recent steps in one host-side phase (data: loading the batch; "
+    "other: host work outside data loading and GPU compute), over the same steps as "
+    "flopwatch_train_recent_arrival_seconds: a straggler whose excess sits in one of them is named "
+    "with that cause.", (*RANK, "phase"),
+)
 CHECKPOINT_SECONDS = Metric(
     "flopwatch_train_checkpoint_seconds_total", "counter", "seconds",
     "Time this rank spent saving or restoring checkpoints, by kind (save, restore).", (*RANK, "kind"),
+)
+JOB_PHASE_SECONDS = Metric(
+    "flopwatch_train_job_phase_seconds_total", "counter", "seconds",
+    "flopwatch_train_phase_seconds_total summed over this job's ranks on this node, by phase. It never "
+    "goes back while the agent runs: a rank whose totals start over (its process restarted) or that "
+    "went quiet keeps what it had counted in the sum. Goodput reads one series per node and phase "
+    "where per-rank phases cost it one per rank.", ("job_id", "phase"),
+)
+JOB_CHECKPOINT_SECONDS = Metric(
+    "flopwatch_train_job_checkpoint_seconds_total", "counter", "seconds",
+    "flopwatch_train_checkpoint_seconds_total summed over this job's ranks on this node, by kind "
+    "(save, restore), kept as flopwatch_train_job_phase_seconds_total is.", ("job_id", "kind"),
 )
 COMM_MIN = Metric(
     "flopwatch_train_comm_min_seconds", "gauge", "seconds",

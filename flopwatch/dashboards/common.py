@@ -51,7 +51,7 @@ RULES: tuple[str, ...] = (
     "job_id_rank:flopwatch_compute_seconds_per_step:rate1m", "job_id_rank:flopwatch_straggler_score:ratio",
     "node_gpu:flopwatch_gpu_straggler_score:ratio", "cluster:flopwatch_gpus:count",
     "job_id_class:flopwatch_step_time_lost:ratio", "job_id_stage:flopwatch_arrival_seconds_per_step:median2m",
-    "job_id_rank:flopwatch_arrival_seconds_per_step:increase30s",
+    "job_id_rank:flopwatch_arrival_seconds_per_step:recent",
     # canonical per-GPU records (alerts/flopwatch-gpu.yml): the agent's series, else dcgm-exporter's
     "node_gpu:flopwatch_gpu_up:max", "job_id_gpu:flopwatch_gpu_job_info:max",
     "node_gpu:flopwatch_gpu_sm_clock_hertz:max", "node_gpu:flopwatch_gpu_sm_clock_max_hertz:max",

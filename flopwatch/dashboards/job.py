@@ -170,7 +170,7 @@ def _step_time(board: c.Board) -> None:
             "one hot cell is a bad worker (FlopWatchStraggler pages it), a band over all rows of a stage "
             "is stage imbalance (FlopWatchPipelineImbalance files a ticket), scattered cells that move "
             "are sequence-length imbalance (reported, never alerted).", c.SECONDS, height=12)
-        .with_target(c.query(c.stage_rows("job_id_rank:flopwatch_arrival_seconds_per_step:increase30s",
+        .with_target(c.query(c.stage_rows("job_id_rank:flopwatch_arrival_seconds_per_step:recent",
                                           'job_id=~"$job_id"'), "{{row}}")),
     )
     board.add(

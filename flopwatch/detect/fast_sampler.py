@@ -32,9 +32,11 @@ from flopwatch.sim.node import (
     NIC_STATES,
     SimHostCollector,
     SimNodeAgent,
+    rank_sums,
     sim_fabric_collector,
 )
 from flopwatch.sim.state import STEP_BUCKETS, JobState, SimNode
+from flopwatch.train.wire import ARRIVAL_INDEX
 
 Labels = tuple[tuple[str, str], ...]
 #: One group of series for a tick: their label sets (a cached tuple) and values.
@@ -42,9 +44,10 @@ Group = tuple[tuple[Labels, ...], list[float] | np.ndarray]
 
 SCRAPE_JOB = "flopwatch"
 
-TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.CHECKPOINT_SECONDS,
-                 t.LAST_STEP, t.COMM_MIN, t.ITERATION, t.FLOPS_PER_STEP, t.STEP_SECONDS, t.REPLAYED_STEPS,
-                 t.REPLAYED_STEP_SECONDS, t.JOB_RANKS)
+TRAIN_METRICS = (t.STEPS, t.TOKENS, t.MODEL_FLOPS, t.HARDWARE_FLOPS, t.PHASE_SECONDS, t.ARRIVAL_SECONDS,
+                 t.CHECKPOINT_SECONDS, t.LAST_STEP, t.COMM_MIN, t.RECENT_ARRIVAL, t.RECENT_PHASE, t.ITERATION,
+                 t.FLOPS_PER_STEP, t.STEP_SECONDS, t.REPLAYED_STEPS, t.REPLAYED_STEP_SECONDS, t.JOB_RANKS,
+                 t.JOB_PHASE_SECONDS, t.JOB_CHECKPOINT_SECONDS)
 
 
 def supported_names() -> set[str]:
@@ -250,8 +253,20 @@ class FastSampler:
                 yield self._job_group(metric, job_id, "", rank_keys), array[ranks]
         if t.COMM_MIN.name in self.wanted and c.comm_min_ready:
             yield self._job_group(t.COMM_MIN, job_id, "", rank_keys), c.comm_min[ranks]
+        wants_recent = t.RECENT_ARRIVAL.name in self.wanted or t.RECENT_PHASE.name in self.wanted
+        recent = c.recent_window(self.fleet.now_unix) if wants_recent else None
+        if recent is not None:
+            if t.RECENT_ARRIVAL.name in self.wanted:
+                yield self._job_group(t.RECENT_ARRIVAL, job_id, "", rank_keys), recent[0, ranks]
+            if t.RECENT_PHASE.name in self.wanted:
+                for row, phase in enumerate(t.RECENT_PHASES, 1):
+                    keys = [(*key, phase) for key in rank_keys]
+                    yield self._job_group(t.RECENT_PHASE, job_id, phase, keys), recent[row, ranks]
         if t.ITERATION.name in self.wanted:
             yield self._job_group(t.ITERATION, job_id, "", rank_keys), np.full(len(rank_keys), float(c.iteration))
+        if t.ARRIVAL_SECONDS.name in self.wanted:
+            yield self._job_group(t.ARRIVAL_SECONDS, job_id, "", rank_keys), \
+                c.phase_seconds[list(ARRIVAL_INDEX)][:, ranks].sum(axis=0)
         if t.PHASE_SECONDS.name in self.wanted:
             for i, phase in enumerate(PHASES):
                 keys = [(*key, phase) for key in rank_keys]
@@ -264,6 +279,7 @@ class FastSampler:
             yield (self._job_group(t.FLOPS_PER_STEP, job_id, "", keys),
                    np.full(len(keys), runner.flops_per_step / runner.ranks))
         yield from self._histogram(state, placed)
+        yield from self._job_sums(state, placed)
 
     def _job_group(self, metric: Metric, job_id: str, variant: str,
                    keys: list[tuple[str, ...]]) -> tuple[Labels, ...]:
@@ -298,3 +314,29 @@ class FastSampler:
             labels = self._group((t.JOB_RANKS.name, job_id, len(placed)), lambda: tuple(
                 self.labels.get(t.JOB_RANKS.name, t.JOB_RANKS.all_labels, (node.name, job_id)) for node, _ in placed))
             yield labels, [float(state.runner.ranks)] * len(placed)
+
+    def _job_sums(self, state: JobState, placed: list[tuple[SimNode, int]]) -> Iterator[Group]:
+        """Phase and checkpoint seconds per node and job, summed over the job's ranks on each node
+        as the node's agent sums them (rank_sums): every placed node's ranks at once, a grid of
+        node x GPU with 0 where a trace job's last node is partly used."""
+        phase, checkpoint = t.JOB_PHASE_SECONDS, t.JOB_CHECKPOINT_SECONDS
+        if phase.name not in self.wanted and checkpoint.name not in self.wanted:
+            return
+        c, runner = state.counters, state.runner
+        gpn, job_id = runner.fleet.gpus_per_node, runner.spec.id
+        grid = (np.array([position for _, position in placed])[:, None] * gpn + np.arange(gpn)).ravel()
+        present = grid < runner.ranks
+        rows = np.vstack([c.phase_seconds[:, grid[present]], c.checkpoint_seconds[grid[present]]])
+        if not present.all():
+            padded = np.zeros((len(rows), len(grid)))
+            padded[:, present] = rows
+            rows = padded
+        totals = rank_sums(rows.reshape(len(rows), len(placed), gpn))   # [phases..., save] x node
+        if phase.name in self.wanted:
+            labels = self._group((phase.name, job_id, len(placed)), lambda: self._labels(
+                phase, [(node.name, job_id, name) for node, _ in placed for name in PHASES]))
+            yield labels, totals[:-1].T.ravel()
+        if checkpoint.name in self.wanted:
+            labels = self._group((checkpoint.name, job_id, len(placed)), lambda: self._labels(
+                checkpoint, [(node.name, job_id, "save") for node, _ in placed]))
+            yield labels, totals[-1]

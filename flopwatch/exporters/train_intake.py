@@ -11,7 +11,9 @@ Sample output (one rank, abridged):
     flopwatch_train_steps_total{node="n1",job_id="4711",rank="3",gpu="3",stage="1",dp_rank="0"} 1200.0
     flopwatch_train_phase_seconds_total{node="n1",job_id="4711",rank="3",stage="1",...,phase="comm"} 41.5
     flopwatch_train_comm_min_seconds{node="n1",job_id="4711",rank="3",gpu="3",stage="1",dp_rank="0"} 0.021
+    flopwatch_train_recent_arrival_seconds{node="n1",job_id="4711",rank="3",gpu="3",stage="1",dp_rank="0"} 0.84
     flopwatch_train_step_seconds_bucket{node="n1",job_id="4711",le="1.0"} 9550.0
+    flopwatch_train_job_phase_seconds_total{node="n1",job_id="4711",phase="comm"} 332.0
     flopwatch_train_events_rejected_total{node="n1",reason="bad_value"} 2.0
 """
 
@@ -31,7 +33,8 @@ from prometheus_client.core import Metric as Family
 
 from flopwatch.catalog import train as m
 from flopwatch.config import TrainOptions
-from flopwatch.exporters.train_replays import JobReplays
+from flopwatch.exporters import train_recent
+from flopwatch.exporters.train_jobs import S_BUCKETS, S_CHECKPOINT, S_PHASES, S_STEP_SECONDS, Job
 from flopwatch.exporters.train_socket import open_socket
 from flopwatch.train import wire
 
@@ -56,7 +59,8 @@ RECV_SIZE = wire.MAX_DATAGRAM + 1   # one byte more than the largest valid datag
 
 class _Rank:
     __slots__ = ("allowance", "analytic", "bits", "comm_min", "coords", "dp_rank", "gpu", "gpu_index", "identity",
-                 "instance", "iteration", "job", "job_ranks", "key", "last_step", "measured", "rank", "seen", "stage")
+                 "instance", "iteration", "job", "job_ranks", "key", "last_step", "measured", "rank", "recent", "seen",
+                 "stage")
 
     def __init__(self, job: str, rank: int, key: tuple[bytes, int]) -> None:
         self.job, self.rank, self.key = job, rank, key
@@ -72,22 +76,11 @@ class _Rank:
         self.comm_min: float | None = None   # its comm floor, once it has completed a block of steps
         self.iteration: int | None = None    # the training iteration of its last step, when it says
         self.last_step = 0.0        # wall time the steps count last grew
+        # (monotonic time, totals bits) of each datagram whose steps count grew, since the window
+        # start `update()` last found: what the recent gauges are the difference of.
+        self.recent = train_recent.reports()
         self.seen = 0.0             # monotonic time of the last accepted datagram
         self.allowance = BURST - 1.0      # it is created by admitting one datagram
-
-
-class _Job:
-    __slots__ = ("claims", "name", "ranks", "replays", "retired_buckets", "retired_seconds")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.ranks = 0
-        # (stage, dp rank, tp rank) -> the rank on this node that claims it.
-        self.claims: dict[tuple[int, int, int], int] = {}
-        # Histograms of ranks that restarted or expired while the job went on: keeps it monotonic.
-        self.retired_buckets = [0] * wire.N_BUCKETS
-        self.retired_seconds = 0.0
-        self.replays = JobReplays()          # steps that redo iterations (lost progress)
 
 
 _ge = operator.ge
@@ -98,16 +91,16 @@ _FULL_SIZE = wire.RECORD_STRUCTS[wire.ALL_PHASES_MASK].size
 
 # Offsets into a rank's totals: record[wire.I_TOTALS:wire.I_END_TOTALS].
 _T = wire.I_TOTALS
-T_STEPS, T_DROPPED, T_BUCKETS, T_TOKENS = wire.I_STEPS - _T, wire.I_DROPPED - _T, wire.I_BUCKETS - _T, \
-    wire.I_TOKENS - _T
-T_MODEL, T_HARDWARE, T_STEP_SECONDS = wire.I_MODEL - _T, wire.I_HARDWARE - _T, wire.I_STEP_SECONDS - _T
+T_STEPS, T_DROPPED, T_TOKENS = wire.I_STEPS - _T, wire.I_DROPPED - _T, wire.I_TOKENS - _T
+T_MODEL, T_HARDWARE = wire.I_MODEL - _T, wire.I_HARDWARE - _T
 T_SAVE, T_RESTORE, T_PHASES = wire.I_SAVE - _T, wire.I_RESTORE - _T, wire.I_PHASES - _T
 
 
 @dataclass(frozen=True)
 class _Snapshot:
-    ranks: tuple[tuple[str, str, str, str, str, tuple, float, float, float, float | None, int | None], ...] = ()
-    jobs: tuple[tuple[str, tuple[int, ...], float], ...] = ()
+    ranks: tuple[tuple[str, str, str, str, str, tuple, float, float, float, float | None, int | None,
+                       tuple[float, ...] | None], ...] = ()
+    jobs: tuple[tuple[str, tuple[int | float, ...]], ...] = ()   # job -> its sums (train_jobs.S_*)
     replayed: tuple[tuple[str, int, float], ...] = ()     # jobs whose ranks report iterations
     job_ranks: tuple[tuple[str, int], ...] = ()           # jobs whose ranks declare their sizes
     accepted: int = 0
@@ -127,7 +120,7 @@ class TrainIntake:
         self.rejected = dict.fromkeys(REASONS, 0)
         self._ranks: dict[tuple[bytes, int], _Rank] = {}
         self._by_identity: dict[bytes, _Rank] = {}
-        self._jobs: dict[bytes, _Job] = {}
+        self._jobs: dict[bytes, Job] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._snapshot = _Snapshot()
@@ -222,8 +215,9 @@ class TrainIntake:
             elif not self._allowed(state, now):
                 return
             elif record[wire.I_INSTANCE] != state.instance:    # the client restarted: totals start over
-                self._retire(state)
+                self._jobs[job].retire(state.bits)
                 state.bits = ()
+                state.recent.clear()
                 state.instance = record[wire.I_INSTANCE]
             elif not all(map(_ge, bits, state.bits)):
                 self.rejected["non_monotonic"] += 1
@@ -231,6 +225,8 @@ class TrainIntake:
             if not self._claim(state, record):
                 return
             self._identify(state, data, record)
+            if not state.bits:                 # its first totals since it was admitted or restarted
+                self._jobs[job].readmit(state.rank, state.instance, bits)
         elif not self._allowed(state, now):
             return
         elif not all(map(_ge, bits, state.bits)):
@@ -238,6 +234,7 @@ class TrainIntake:
             return
         if not state.bits or bits[0] > state.bits[0]:
             state.last_step = wall
+            train_recent.remember(state.recent, now, bits)
         if iteration is not None:
             self._jobs[state.key[0]].replays.observe(state.rank, iteration, state.iteration, bits, state.bits)
         state.bits = bits
@@ -305,26 +302,21 @@ class TrainIntake:
             self.rejected["too_many_ranks"] += 1
             return None
         if record is None:
-            record = self._jobs[job] = _Job(job.decode("ascii"))
+            record = self._jobs[job] = Job(job.decode("ascii"))
         record.ranks += 1
         state = self._ranks[(job, rank)] = _Rank(record.name, rank, (job, rank))
         return state
 
-    def _retire(self, state: _Rank) -> None:
-        """Keep a rank's histogram in its job's when its totals go away (restart or expiry)."""
-        if not state.bits:
-            return
-        record = self._jobs[state.key[0]]
-        totals = wire.totals_of(state.bits)
-        buckets = totals[T_BUCKETS:T_TOKENS]
-        record.retired_buckets = [a + b for a, b in zip(record.retired_buckets, buckets, strict=True)]
-        record.retired_seconds += totals[T_STEP_SECONDS]
-
     # -- agent clock ---------------------------------------------------------------------------
-    def update(self) -> int:
-        """Expire quiet ranks and jobs, snapshot the rest; 1 error when the reader has stopped."""
+    def update(self, now: float | None = None) -> int:
+        """Expire quiet ranks and jobs, snapshot the rest; 1 error when the reader has stopped.
+
+        `now`: the monotonic clock (tests drive it; the agent leaves it to time.monotonic()).
+        """
         with self._lock:
-            cutoff = time.monotonic() - self.options.expiry
+            if now is None:
+                now = time.monotonic()
+            cutoff = now - self.options.expiry
             for key, state in list(self._ranks.items()):
                 if state.seen < cutoff:
                     del self._ranks[key]
@@ -335,26 +327,27 @@ class TrainIntake:
                     if state.coords is not None and record.claims.get(state.coords) == state.rank:
                         del record.claims[state.coords]
                     if record.ranks:
-                        self._retire(state)
+                        record.expire(state.rank, state.instance, state.bits, self.options.max_ranks)
                     else:
                         del self._jobs[key[0]]
             ranks = []
-            histograms: dict[bytes, list] = {}     # job -> [seconds, count per bucket...]
+            by_job: dict[bytes, list[tuple]] = {}  # job -> its live ranks' totals, summed by the job
             sizes: dict[str, int] = {}             # job -> the most ranks one of its ranks declares
             for (job, _), state in self._ranks.items():
+                if not state.bits:                 # restarted, and its first datagram was refused
+                    continue
                 totals = wire.totals_of(state.bits)
                 ranks.append((state.job, str(state.rank), state.gpu, state.stage, state.dp_rank, totals,
-                              state.analytic, state.measured, state.last_step, state.comm_min, state.iteration))
+                              state.analytic, state.measured, state.last_step, state.comm_min, state.iteration,
+                              train_recent.per_step(state.recent, now)))
                 if state.job_ranks > sizes.get(state.job, 0):
                     sizes[state.job] = state.job_ranks
-                sums = histograms.get(job)
-                if sums is None:
-                    record = self._jobs[job]
-                    sums = histograms[job] = [record.retired_seconds, *record.retired_buckets]
-                sums[0] += totals[T_STEP_SECONDS]
-                for i, count in enumerate(totals[T_BUCKETS:T_TOKENS], 1):
-                    sums[i] += count
-            jobs = tuple((self._jobs[job].name, tuple(sums[1:]), sums[0]) for job, sums in histograms.items())
+                group = by_job.get(job)
+                if group is None:
+                    by_job[job] = [totals]
+                else:
+                    group.append(totals)
+            jobs = tuple((self._jobs[job].name, self._jobs[job].sums(group)) for job, group in by_job.items())
             replayed = tuple((record.name, record.replays.steps, record.replays.seconds)
                              for record in self._jobs.values() if record.replays.marks)
             self._snapshot = _Snapshot(tuple(ranks), jobs, replayed, tuple(sizes.items()), self.accepted,
@@ -368,8 +361,9 @@ class TrainIntake:
         phase, checkpoint, last, dropped = (m.PHASE_SECONDS.family(), m.CHECKPOINT_SECONDS.family(),
                                             m.LAST_STEP.family(), m.CLIENT_DROPPED.family())
         per_step, comm_min, iteration = m.FLOPS_PER_STEP.family(), m.COMM_MIN.family(), m.ITERATION.family()
-        arrival = m.ARRIVAL_SECONDS.family()
-        for job, rank, gpu, stage, dp_rank, totals, analytic, measured, last_step, floor, step in snap.ranks:
+        arrival, recent_arrival, recent_phase = (m.ARRIVAL_SECONDS.family(), m.RECENT_ARRIVAL.family(),
+                                                 m.RECENT_PHASE.family())
+        for job, rank, gpu, stage, dp_rank, totals, analytic, measured, last_step, floor, step, recent in snap.ranks:
             labels = [node, job, rank, gpu, stage, dp_rank]
             steps.add_metric(labels, totals[T_STEPS])
             tokens.add_metric(labels, totals[T_TOKENS])
@@ -378,6 +372,10 @@ class TrainIntake:
             for i, name in enumerate(wire.PHASES):
                 phase.add_metric([*labels, name], totals[T_PHASES + i])
             arrival.add_metric(labels, sum(totals[T_PHASES + i] for i in wire.ARRIVAL_INDEX))
+            if recent is not None:
+                recent_arrival.add_metric(labels, recent[0])
+                for name, value in zip(m.RECENT_PHASES, recent[1:], strict=True):
+                    recent_phase.add_metric([*labels, name], value)
             checkpoint.add_metric([*labels, "save"], totals[T_SAVE])
             checkpoint.add_metric([*labels, "restore"], totals[T_RESTORE])
             if last_step:
@@ -391,13 +389,18 @@ class TrainIntake:
                 per_step.add_metric([node, job, rank, "analytic"], analytic)
             if measured:
                 per_step.add_metric([node, job, rank, "measured"], measured)
-        histogram = m.STEP_SECONDS.family()
-        for job, buckets, seconds in snap.jobs:
+        histogram, job_phase, job_checkpoint = (m.STEP_SECONDS.family(), m.JOB_PHASE_SECONDS.family(),
+                                                m.JOB_CHECKPOINT_SECONDS.family())
+        for job, sums in snap.jobs:
             cumulative, running = [], 0
-            for bound, count in zip((*wire.STEP_BUCKETS, float("inf")), buckets, strict=True):
+            for bound, count in zip((*wire.STEP_BUCKETS, float("inf")), sums[S_BUCKETS], strict=True):
                 running += count
                 cumulative.append((_le(bound), running))
-            histogram.add_metric([node, job], cumulative, seconds)
+            histogram.add_metric([node, job], cumulative, sums[S_STEP_SECONDS])
+            for i, name in enumerate(wire.PHASES):
+                job_phase.add_metric([node, job, name], sums[S_PHASES + i])
+            for i, kind in enumerate(wire.CHECKPOINT_KINDS):
+                job_checkpoint.add_metric([node, job, kind], sums[S_CHECKPOINT + i])
         replayed_steps, replayed_seconds = m.REPLAYED_STEPS.family(), m.REPLAYED_STEP_SECONDS.family()
         for job, count, seconds in snap.replayed:
             replayed_steps.add_metric([node, job], count)
@@ -410,8 +413,9 @@ class TrainIntake:
         rejected = m.EVENTS_REJECTED.family()
         for reason, count in snap.rejected:
             rejected.add_metric([node, reason], count)
-        for family in (steps, tokens, model, hardware, phase, arrival, checkpoint, last, comm_min, iteration,
-                       histogram, replayed_steps, replayed_seconds, job_ranks, per_step, dropped, accepted, rejected):
+        for family in (steps, tokens, model, hardware, phase, arrival, recent_arrival, recent_phase, checkpoint, last,
+                       comm_min, iteration, histogram, job_phase, job_checkpoint, replayed_steps, replayed_seconds,
+                       job_ranks, per_step, dropped, accepted, rejected):
             if family.samples:
                 yield family
 

@@ -184,6 +184,7 @@ class Stragglers:
     min_ranks: int = 8
     corroborated_margin: float = 0.02
     corroborated_sigmas: float = 3
+    clock_and_data_sigmas: float = 2
     uncorroborated_margin: float = 0.03
     uncorroborated_sigmas: float = 5
     unexplained_margin: float = 0.035

@@ -20,6 +20,7 @@ from pathlib import Path
 import jinja2
 
 from flopwatch import xid
+from flopwatch.catalog import train as train_metrics
 from flopwatch.catalog.gpu import CLOCK_EVENT_BITS
 from flopwatch.durations import format_duration
 from flopwatch.mixin.config import MixinConfig, Selector, duration_seconds
@@ -142,7 +143,7 @@ def environment(templates: Path, config: MixinConfig) -> jinja2.Environment:
         input_label=lambda kind, label, default: input_label(getattr(config.selectors, kind), label, default),
         c=config, scrape=scrape, sev=config.severities, runbooks=config.urls.runbooks,
         xid_actions=xid.action_template, xid_page_regex=xid.page_regex, clock_event_bits=CLOCK_EVENT_BITS,
-        clock_events_from_mask=clock_events_from_mask,
+        clock_events_from_mask=clock_events_from_mask, recent_window=f"{train_metrics.RECENT_WINDOW_S:g}",
     )
     return env
 

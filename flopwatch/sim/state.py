@@ -7,6 +7,7 @@ fleet that holds them.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,7 +17,10 @@ from flopwatch.exporters.gpu.simulated import SimulatedGpu
 from flopwatch.sim.jobs import PHASES, JobRunner, StepResult
 from flopwatch.sim.nic import SimulatedNic
 from flopwatch.sim.truth import JobTruth
-from flopwatch.train.wire import COMM_MIN_BLOCK
+from flopwatch.train.wire import ARRIVAL_INDEX, COMM_MIN_BLOCK
+
+#: Rows of RankCounters.recent's totals: arrival, then the recent gauges' host-side phases.
+_RECENT_ROWS = (list(ARRIVAL_INDEX), *(PHASES.index(phase) for phase in train_metrics.RECENT_PHASES))
 
 #: Step-time histogram bounds: the intake's (catalogue) plus +Inf.
 STEP_BUCKETS = (*train_metrics.STEP_BUCKETS, math.inf)
@@ -44,6 +48,9 @@ class RankCounters:
     iteration: int = 0                           # the job's training iteration of the last step
     replayed_steps: int = 0                      # steps that redid iterations (as the agent counts them)
     replayed_seconds: float = 0.0                # their step wall time, per rank
+    #: (end unix s, step count, totals [arrival, data, other] x rank) of the steps the agent's recent
+    #: window still needs: the newest that starts a full window and every one after it.
+    recent: deque[tuple[float, int, np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.ranks
@@ -54,6 +61,7 @@ class RankCounters:
         self.checkpoint_seconds = np.zeros(r)
         self.last_step_time = np.zeros(r)
         self.step_buckets = np.zeros(len(STEP_BUCKETS))
+        self.recent = deque()
 
     def observe_step(self, runner: JobRunner, step: StepResult, unix_end: float) -> None:
         r = self.ranks
@@ -79,6 +87,31 @@ class RankCounters:
         if step.lost:
             self.replayed_steps += 1
             self.replayed_seconds += step.wall
+        self._remember(unix_end)
+
+    def _remember(self, unix_end: float) -> None:
+        """Keep this step's totals for the recent window, as the agent keeps each report's, and drop
+        the steps no later window can start at."""
+        p = self.phase_seconds
+        totals = np.stack([p[_RECENT_ROWS[0]].sum(axis=0), *(p[row] for row in _RECENT_ROWS[1:])])
+        recent = self.recent
+        recent.append((unix_end, self.step_count, totals))
+        starts = train_metrics.starts_recent_window
+        while len(recent) > 2 and starts(unix_end - recent[1][0], self.step_count - recent[1][1]):
+            recent.popleft()
+
+    def recent_window(self, now_unix: float) -> np.ndarray | None:
+        """Per step over the recent window, rows arrival then RECENT_PHASES, a column per rank
+        (flopwatch_train_recent_*_seconds): None where the agent exports no such gauge."""
+        if len(self.recent) < 2:
+            return None
+        first, last = self.recent[0], self.recent[-1]
+        stale = now_unix - last[0] > train_metrics.RECENT_STALE_S
+        if stale or not train_metrics.starts_recent_window(last[0] - first[0], last[1] - first[1]):
+            return None
+        return (last[2] - first[2]) / (last[1] - first[1])
+
+
 
 
 @dataclass

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 import urllib.parse
 import urllib.request
@@ -84,6 +85,11 @@ HISTORY_S = 600
 #: store against the reference Prometheus's.
 FIGURES = ("job_id:flopwatch_mfu:ratio", "job_id:flopwatch_goodput:ratio", "job_id:flopwatch_ettr:ratio",
            "job_id_class:flopwatch_step_time_lost:ratio", "job_id:flopwatch_badput:ratio")
+#: What goodput is built from, printed beside the figures so that a difference says where it starts.
+COMPONENTS = ("job_id_phase:flopwatch_train_phase_seconds:rate5m", "job_id:flopwatch_straggler_wait_seconds:rate5m",
+              "job_id:flopwatch_held_seconds:rate5m", "job_id:flopwatch_replaying:ratio5m",
+              "job_id:flopwatch_comm_seconds_per_step:avg5m", "job_id:flopwatch_comm_floor_seconds:min5m",
+              "job_id:flopwatch_comm_seconds_per_step:min5m", "job_id:flopwatch_step_seconds:mean5m")
 #: Forwarded series checked for a gap over the outage, with the interval they are written at: a
 #: per-rank counter (scraped every second) and a per-GPU record (its group runs every 15 s).
 FORWARDED = {"flopwatch_train_model_flops_total": 1.0, "node_gpu:flopwatch_gpu_utilization_ratio:max": 15.0}
@@ -135,6 +141,29 @@ def figures(client: PromClient, record: str, at: float) -> dict[frozenset[tuple[
     VictoriaMetrics keeps it on avg_over_time, Prometheus drops it)."""
     return {frozenset((k, v) for k, v in s.labels.items() if k != "__name__"): s.value
             for s in client.query(f"avg_over_time({record}[1m])", at)}
+
+
+#: One phase's tiles of `span` and the counter they are taken from, printed where the figures differ.
+TILE = 'job_id_phase:flopwatch_train_phase_seconds:increase15s{job_id="span", phase="compute"}[5m]'
+COUNTER = 'flopwatch_train_job_phase_seconds_total{job_id="span", phase="compute"}'
+RETAKEN = f"sum({COUNTER} offset 15s - {COUNTER} offset 30s >= 0)"
+NODES = f"count({COUNTER} offset 15s - {COUNTER} offset 30s >= 0)"
+
+
+def servers(tier: Tier) -> dict[str, PromClient]:
+    """The layout's Prometheus servers that are running, by a readable name."""
+    assert tier.stack.reference is not None
+    named = {f"{shard}/{index}": PromClient(replica.url) for shard, replicas in tier.stack.shards.items()
+             for index, replica in enumerate(replicas) if replica.running()}
+    return {"reference": PromClient(tier.stack.reference.url), **named}
+
+
+def samples(client: PromClient, selector: str, at: float) -> list[tuple[float, float]]:
+    """The raw samples (time, value) of a range selector's one series at `at` (empty where it has none)."""
+    query = urllib.parse.urlencode({"query": selector, "time": at})
+    with urllib.request.urlopen(f"{client.url}/api/v1/query?{query}", timeout=30) as answer:
+        result = json.load(answer)["data"]["result"]
+    return [(float(moment), float(value)) for moment, value in result[0]["values"]] if result else []
 
 
 def ranks_held(scenario: Scenario, nodes: list[int]) -> dict[str, float]:
@@ -219,6 +248,31 @@ def test_job_figures_from_the_global_tier_equal_the_reference(tier: Tier) -> Non
     started = time.monotonic()
     with contextlib.suppress(AssertionError):   # the assertions below say which figure differs, and how
         wait_for(agree, AGREE_TIMEOUT_S, "the global tier's job figures to equal the reference's")
+    at = time.time() - 20
+    durations = reference.query("avg(avg_over_time(scrape_duration_seconds[5m]))")
+    print(f"the reference's mean scrape duration over 5 minutes: {durations[0].value:.3f}s" if durations else "")
+    for name, client in servers(tier).items():
+        failed = client.query("sum(count_over_time(up[5m])) - sum(sum_over_time(up[5m]))", at)
+        print(f"{name}: {failed[0].value if failed else 'no'} failed scrapes in the 5 minutes before the figures")
+    for name, client in (("reference", reference), ("global", global_tier)):
+        tiles = samples(client, TILE, at)
+        print(name, "compute tiles of span, each over its 15 s at 64 ranks:",
+              [(round(moment % 60, 1), round(value / 15 / 64, 4)) for moment, value in tiles])
+        for delay in (0, 30):   # the tiles taken again now that every sample has landed, at the tile's
+            again = [client.query(RETAKEN, moment - delay) for moment, _ in tiles]  # moment and 30 s before
+            print(name, f"the same tiles taken again {delay} s before their moment:",
+                  [round(answer[0].value / 15 / 64, 4) if answer else None for answer in again],
+                  "nodes:", [client.query(NODES, moment - delay)[0].value if client.query(NODES, moment - delay)
+                             else 0 for moment, _ in tiles])
+        grown = client.query(f"{COUNTER} offset 45s - {COUNTER} offset 165s", at)
+        counted = client.query(f"count_over_time({COUNTER}[2m] offset 45s)", at)
+        print(name, "span's compute seconds per node over 2 minutes, and their samples:",
+              sorted((s.labels.get("instance", s.labels.get("node", "?")), round(s.value, 2)) for s in grown),
+              sorted((s.labels.get("instance", s.labels.get("node", "?")), s.value) for s in counted))
+    for record in COMPONENTS:      # pytest shows these where an assertion below fails
+        want, got = figures(reference, record, at), figures(global_tier, record, at)
+        print(record, {json.dumps(dict(key), sort_keys=True): (round(want[key], 5), round(got.get(key, math.nan), 5))
+                       for key in want if dict(key)["job_id"] == SPAN})
     for record, (want, got) in compared.items():
         assert {dict(key)["job_id"] for key in want} >= set(JOBS), f"{record}: the reference lacks a job: {want}"
         labelled = [dict(key) for key in got if tier.shard_labels & dict(key).keys()]
