@@ -120,13 +120,17 @@ def test_tiled_differences_offsets_and_divisors_follow_their_group(builds: dict[
     assert tile == scrape.Scrape.of(interval).tile
     exprs = {rule["record"]: _expr(rule) for rule in goodput["rules"] if "record" in rule}
     # the per-node phase, checkpoint, step and replayed step time: the tile before the evaluation,
-    # one tile to two tiles back (every scrape in it has landed), on the group's own grid
+    # one tile to two tiles back (every scrape in it has landed), on the group's own grid; at each
+    # end, where a failed scrape left a stale marker, the scrape before it (a scrape on either side)
     twice = scrape.Scrape.of(interval).settled_tile
     assert duration_seconds(twice) == 2 * duration_seconds(tile)
     for record in ("job_id_phase:flopwatch_train_phase_seconds:increase15s", "job_id:flopwatch_step_time:increase15s",
                    "job_id:flopwatch_replayed_step_time:increase15s",
                    "job_id:flopwatch_checkpoint_seconds:increase15s"):
-        assert set(re.findall(rf"offset ({_DURATION})", exprs[record])) == {tile, twice}, record
+        ends = {duration_seconds(tile), duration_seconds(twice)}
+        beside = {end + sign * duration_seconds(interval) for end in ends for sign in (-1, 1)}
+        offsets = {duration_seconds(offset) for offset in re.findall(rf"offset ({_DURATION})", exprs[record])}
+        assert offsets == ends | beside, record
         assert not re.findall(rf"\[({_DURATION})\]", exprs[record]), record
     assert set(re.findall(rf"offset ({_DURATION})", exprs["job_id:flopwatch_train_iteration:max"])) == {tile}
     assert exprs["job_id_phase:flopwatch_train_phase_seconds:rate5m"].endswith(f"/ {int(duration_seconds(tile))}")

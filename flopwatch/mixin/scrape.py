@@ -96,6 +96,22 @@ class Scrape:
         """Where a settled tile starts: two tiles back (it ends one tile back, at `tile`)."""
         return format_duration(2 * seconds(self.tile))
 
+    def settled(self, counter: str) -> str:
+        """A settled tile of `counter`: its value a tile back minus its value two tiles back.
+
+        A failed scrape leaves a stale marker, and a lookup in the scrape interval after it reads
+        no sample: the node drops out of both tiles that share that point, and a job on several
+        nodes reads short. So where the lookup is empty but the counter has a sample a scrape
+        interval later (the scrape after the failed one), the value a scrape interval before the
+        point stands in, in both tiles, which still add up to the counter's growth. A counter that
+        ended (its job or its agent gone) has no later sample and stays out, as before."""
+        return f"{self._at(counter, self.tile)} - {self._at(counter, self.settled_tile)}"
+
+    def _at(self, counter: str, back: str) -> str:
+        """`counter` `back` in the past, or the scrape before that where a failed scrape is there."""
+        before, after = (format_duration(seconds(back) + sign * self.interval) for sign in (1, -1))
+        return f"({counter} offset {back} or ({counter} offset {before} and {counter} offset {after}))"
+
     def tile_seconds(self) -> float:
         """The tile in seconds (the goodput group's interval, for readers of its records)."""
         return seconds(self.tile)
