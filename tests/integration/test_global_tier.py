@@ -260,10 +260,10 @@ def test_job_figures_from_the_global_tier_equal_the_reference(tier: Tier) -> Non
               [(round(moment % 60, 1), round(value / 15 / 64, 4)) for moment, value in tiles])
         for delay in (0, 30):   # the tiles taken again now that every sample has landed, at the tile's
             again = [client.query(RETAKEN, moment - delay) for moment, _ in tiles]  # moment and 30 s before
+            nodes = [client.query(NODES, moment - delay) for moment, _ in tiles]
             print(name, f"the same tiles taken again {delay} s before their moment:",
                   [round(answer[0].value / 15 / 64, 4) if answer else None for answer in again],
-                  "nodes:", [client.query(NODES, moment - delay)[0].value if client.query(NODES, moment - delay)
-                             else 0 for moment, _ in tiles])
+                  "nodes:", [answer[0].value if answer else 0 for answer in nodes])
         grown = client.query(f"{COUNTER} offset 45s - {COUNTER} offset 165s", at)
         counted = client.query(f"count_over_time({COUNTER}[2m] offset 45s)", at)
         print(name, "span's compute seconds per node over 2 minutes, and their samples:",
