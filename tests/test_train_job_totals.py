@@ -118,19 +118,24 @@ def test_a_rank_expiring_while_its_job_goes_on_keeps_its_part():
     assert counters.read(26) == _expected(4 + 8)
 
 
-def _rank_0_expired(intake: TrainIntake, counters: _Counters) -> None:
+Expired = tuple[TrainIntake, _Counters]
+
+
+@pytest.fixture
+def expired() -> Expired:
     """Ranks 0 (4 steps, instance 1) and 1 of job-a; rank 0 went quiet and expired, rank 1 is at 6."""
+    intake = _intake(expiry=EXPIRY)
+    counters = _Counters(intake)
     _send(intake, 0, rank=0, steps=4)
     _send(intake, 0, rank=1, steps=3)
     assert counters.read(1) == _expected(7)
     _send(intake, 15, rank=1, steps=6)
     assert counters.read(20) == _expected(4 + 6)
+    return intake, counters
 
 
-def test_a_rank_back_from_the_same_process_after_expiring_is_not_counted_twice():
-    intake = _intake(expiry=EXPIRY)
-    counters = _Counters(intake)
-    _rank_0_expired(intake, counters)
+def test_a_rank_back_from_the_same_process_after_expiring_is_not_counted_twice(expired: Expired) -> None:
+    intake, counters = expired
     _send(intake, 21, rank=0, steps=9)                       # same instance, its totals went on from 4
     assert counters.read(22) == _expected(9 + 6)             # not 4 + 9 + 6
     _send(intake, 23, rank=0, steps=11)
@@ -142,31 +147,25 @@ def test_a_rank_back_from_the_same_process_after_expiring_is_not_counted_twice()
     assert counters.read(42) == _expected(12 + 8)
 
 
-def test_a_rank_back_with_the_same_totals_is_not_counted_twice():
+def test_a_rank_back_with_the_same_totals_is_not_counted_twice(expired: Expired) -> None:
     """Back from the same process without a step in between: its totals equal those it left with."""
-    intake = _intake(expiry=EXPIRY)
-    counters = _Counters(intake)
-    _rank_0_expired(intake, counters)
+    intake, counters = expired
     _send(intake, 21, rank=0, steps=4)
     assert counters.read(22) == _expected(4 + 6)
 
 
-def test_a_rank_back_from_a_new_process_after_expiring_counts_old_and_new():
-    intake = _intake(expiry=EXPIRY)
-    counters = _Counters(intake)
-    _rank_0_expired(intake, counters)
+def test_a_rank_back_from_a_new_process_after_expiring_counts_old_and_new(expired: Expired) -> None:
+    intake, counters = expired
     _send(intake, 21, rank=0, steps=5, instance=2)           # restarted while it was away, ran 5 steps
     assert counters.read(22) == _expected(4 + 5 + 6)
     _send(intake, 23, rank=0, steps=7, instance=2)
     assert counters.read(24) == _expected(4 + 7 + 6)
 
 
-def test_a_rank_back_from_its_process_with_totals_gone_back_keeps_the_old_ones():
+def test_a_rank_back_from_its_process_with_totals_gone_back_keeps_the_old_ones(expired: Expired) -> None:
     """Totals lower than those it went quiet with are another run's (the live rank's datagram would
     have been refused as non_monotonic): the old ones stay retired, the sums never go back."""
-    intake = _intake(expiry=EXPIRY)
-    counters = _Counters(intake)
-    _rank_0_expired(intake, counters)
+    intake, counters = expired
     _send(intake, 21, rank=0, steps=2)
     assert counters.read(22) == _expected(4 + 2 + 6)
 
