@@ -17,9 +17,10 @@ away. From that, four rules (docs/rules.md, "Scrape interval"):
   evaluations (goodput's `increase15s` family: the window, the group's interval, the `offset` that
   reads the evaluation before and the divisor that turns it into a rate) is max(15s, 2 x s): the
   tiles must neither overlap nor leave gaps, so window and interval are one duration, and 2 x s is
-  the shortest that always holds the two samples a difference needs. A tile that loses one (a missed
-  scrape) gives no difference and drops out of the 5-minute means, which weigh the tiles that
-  remain: a gap, not a bias. (4 x s tiles would leave one tile in 5 minutes at a 60s scrape.)
+  the shortest that always holds the two samples a difference needs. Against `offset`, a missed
+  scrape moves its change into the next tile; against a window, the tile that loses a sample gives
+  no value and drops out of the 5-minute means, which weigh the tiles that remain: a gap, not a
+  bias. (4 x s tiles would leave one tile in 5 minutes at a 60s scrape.)
 - `settled`: a tiled difference of scraped series reads them one tile in the past, the tile before
   the evaluation's. A scrape's samples carry the moment it started and reach storage when it ends,
   up to its timeout (at most s) later, plus the parsing and appending: an evaluation reading a
@@ -27,7 +28,10 @@ away. From that, four rules (docs/rules.md, "Scrape interval"):
   start after the scrape landed, never counts the change between them. The share lost is the
   scrapes' duration over the tile (0.6 s scrapes lost 4.3%: tests/integration/test_slow_scrapes.py).
   A tile back (at least 2 x s) every scrape an evaluation reads has landed, and the tiles stay on
-  the group's own evaluation grid; goodput is one tile later.
+  the group's own evaluation grid; goodput is one tile later. Each end reads through a failed
+  scrape: its stale marker leaves a lookup empty, and a node missing from a tile that sums nodes
+  reads its job short (a bias, not a gap), so where the scrape after it landed, the one before
+  stands in.
 - `every`: a group's interval is at least the scrape interval: max(interval, s); more often only
   reads the same samples again. A `for:` that counts evaluations ("held two evaluations") is a
   multiple of its group's interval and scales with it.
