@@ -144,6 +144,7 @@ def environment(templates: Path, config: MixinConfig) -> jinja2.Environment:
         c=config, scrape=scrape, sev=config.severities, runbooks=config.urls.runbooks,
         xid_actions=xid.action_template, xid_page_regex=xid.page_regex, clock_event_bits=CLOCK_EVENT_BITS,
         clock_events_from_mask=clock_events_from_mask, recent_window=f"{train_metrics.RECENT_WINDOW_S:g}",
+        recent_stale=f"{train_metrics.RECENT_STALE_S:g}",
     )
     return env
 
