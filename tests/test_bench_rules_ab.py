@@ -71,3 +71,32 @@ def test_a_folder_without_rule_files_is_a_one_line_error(tmp_path: Path) -> None
     assert done.returncode == 2
     assert f"--candidate: no rule files (flopwatch-*.yml) in {tmp_path}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_two_folders_are_measured_in_turn_on_a_tiny_fleet(tmp_path: Path) -> None:
+    """2 simulated nodes, a real Prometheus (Debian's `prometheus` package or the current build):
+    the candidate is the shipped rules without the straggler files, so its windows must count none
+    of their groups and the reference's must."""
+    import json
+    import shutil
+
+    candidate = tmp_path / "candidate"
+    candidate.mkdir()
+    for path in (ROOT / "alerts").glob("flopwatch-*.yml"):
+        if path.name != "flopwatch-stragglers.yml":
+            shutil.copy(path, candidate / path.name)
+    out = tmp_path / "ab.json"
+    done = subprocess.run([sys.executable, "-m", "bench.rules_ab", "--reference", str(ROOT / "alerts"),
+                           "--candidate", str(candidate), "--nodes", "2", "--rounds", "1", "--seconds", "6",
+                           "--warmup", "4", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["rules_ab"]
+    assert [w["rules"] for w in results["windows"]] == ["reference", "candidate"]
+    reference, measured = (w["group_busy_ms_per_s"] for w in results["windows"])
+    assert "flopwatch-stragglers" in reference and "flopwatch-stragglers-2m" in reference
+    assert not any(name.startswith("flopwatch-stragglers") for name in measured)
+    assert "flopwatch-goodput" in measured
+    assert results["gpus"] == 16 and len(results["reference_per_window"]) == 1
