@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from bench.fleet_prometheus import FLEET_HISTORY_S, scraped_fleet
-from bench.scale_prometheus import _groups, _window, bench_scenario, scrape_targets, uptime
+from bench.scale_prometheus import _groups, _window, bench_scenario, rule_cores_needed, scrape_targets, uptime
 from bench.sim_capacity import report
 from flopwatch.stack import Prometheus
 from flopwatch.stack.process import MissingBinary
@@ -49,12 +49,10 @@ def group_names(folder: Path) -> set[str]:
 
 
 def rule_cores(window: dict[str, object], scrape_only_cores: float, loaded: set[str]) -> float:
-    """The cores a window's rules need: its CPU over the scrape-only window's, per iteration run of
-    the groups loaded (a group the folder before had and this one has not must not count)."""
+    """The cores a window's rules need, counting the iterations of the groups loaded only (a group
+    the folder before had and this one has not must not read as skipped iterations)."""
     groups = {name: figures for name, figures in _groups(window).items() if name in loaded}
-    nominal = sum(g["nominal"] for g in groups.values())
-    done = sum(g["iterations_run"] for g in groups.values()) / nominal if nominal else 1.0
-    return max(0.0, window["cpu"] / window["wall"] - scrape_only_cores) / max(done, 1e-9)  # type: ignore[operator]
+    return rule_cores_needed(groups, window["cpu"] / window["wall"], scrape_only_cores)[1]  # type: ignore[operator]
 
 
 def summary(windows: list[dict[str, object]]) -> dict[str, object]:
@@ -96,9 +94,10 @@ def measure(nodes: int, folders: dict[str, Path], rounds: int, seconds: float, w
             _load(prom, folders[name])
             time.sleep(warmup)
             window = _window(prom, seconds)
-            cores = rule_cores(window, scrape_cores, group_names(folders[name]))
+            loaded = group_names(folders[name])
+            cores = rule_cores(window, scrape_cores, loaded)
             busy = {group: round(1000 * figures["duration_mean_s"] / figures["interval_s"], 2)
-                    for group, figures in _groups(window).items() if group in group_names(folders[name])}
+                    for group, figures in _groups(window).items() if group in loaded}
             windows.append({"rules": name, "rule_core_seconds_per_s_per_1000_gpus": round(cores / (gpus / 1000), 4),
                             "prometheus_cpu_cores": round(window["cpu"] / window["wall"], 3),  # type: ignore[operator]
                             "load_average_1m_at_end": uptime(),

@@ -283,6 +283,15 @@ def _groups(rules: dict[str, object]) -> dict[str, dict[str, float]]:
     return groups
 
 
+def rule_cores_needed(groups: dict[str, dict[str, float]], window_cores: float,
+                      scrape_only_cores: float) -> tuple[float, float]:
+    """(share of the groups' iterations run, cores their rules need): a window's cores over the
+    scrape-only window's, per iteration run (on a starved machine the engine skips iterations)."""
+    nominal = sum(g["nominal"] for g in groups.values())
+    done_share = sum(g["iterations_run"] for g in groups.values()) / nominal if nominal else 1.0
+    return done_share, max(0.0, window_cores - scrape_only_cores) / max(done_share, 1e-9)
+
+
 def _measure_rules(scraped: ScrapedFleet, seconds: float, interval: float, tick: float | None,
                    rule_files: list[Path], warmup: float) -> dict[str, object]:
     server, prom, client = scraped.server, scraped.prometheus, scraped.client
@@ -304,8 +313,7 @@ def _measure_rules(scraped: ScrapedFleet, seconds: float, interval: float, tick:
     gpus = nodes * fleet.scenario.fleet.gpus_per_node
     cpu_scrape = scrape_only["cpu"] / scrape_only["wall"]
     cpu_rules_window = rules["cpu"] / rules["wall"]
-    done_share = sum(g["iterations_run"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
-    rule_cores = max(0.0, cpu_rules_window - cpu_scrape) / max(done_share, 1e-9)
+    done_share, rule_cores = rule_cores_needed(groups, cpu_rules_window, cpu_scrape)
 
     def appended(window: dict[str, object]) -> float:
         counter = "prometheus_tsdb_head_samples_appended_total", ""

@@ -28,7 +28,14 @@ import psutil
 import yaml
 
 from bench.fleet_prometheus import FLEET_HISTORY_S, failed_scrapes, served_fleet, sim_scrape_job, wait_targets
-from bench.scale_prometheus import _busiest_others, _other_processes, scrape_targets, server_metrics, uptime
+from bench.scale_prometheus import (
+    _busiest_others,
+    _other_processes,
+    rule_cores_needed,
+    scrape_targets,
+    server_metrics,
+    uptime,
+)
 from bench.sim_capacity import cpu_seconds
 from flopwatch.promql import PromClient, PromError
 from flopwatch.sim.fleet import Fleet
@@ -196,8 +203,7 @@ def _report(fleet: Fleet, targets: int, interval: float, tick: float | None, scr
     nodes, gpus = len(fleet.nodes), len(fleet.nodes) * fleet.scenario.fleet.gpus_per_node
     cpu_scrape = scrape_only["cpu"] / scrape_only["wall"]
     cpu_rules = rules["cpu"] / rules["wall"]
-    done_share = sum(g["iterations_run"] for g in groups.values()) / sum(g["nominal"] for g in groups.values())
-    rule_cores = max(0.0, cpu_rules - cpu_scrape) / max(done_share, 1e-9)
+    done_share, rule_cores = rule_cores_needed(groups, cpu_rules, cpu_scrape)
     first, last = rules["first"], rules["last"]
     rss = [sum(sample) for sample in rules["rss"]]
     return {
