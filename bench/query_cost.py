@@ -22,8 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.fleet_prometheus import FLEET_HISTORY_S, scraped_fleet
-from bench.scale_prometheus import ROOT, bench_scenario, scrape_targets, uptime
+from bench.scale_prometheus import ROOT, bench_scenario, measured_fleet, uptime
 from bench.sim_capacity import report
 from flopwatch.stack.process import MissingBinary
 
@@ -46,9 +45,7 @@ def exec_seconds(url: str, expr: str) -> tuple[float, int]:
 
 def measure(nodes: int, rules: Path, queries: dict[str, str], rounds: int, warmup: float) -> dict[str, object]:
     scenario = bench_scenario(nodes)
-    with scraped_fleet(scenario, scrape_interval="5s", self_scrape=False, tick=5.0,
-                       targets=scrape_targets(scenario), query_timeout=300,
-                       extra_args=["--query.max-samples=200000000"], history=FLEET_HISTORY_S) as scraped:
+    with measured_fleet(scenario) as scraped:
         prom = scraped.prometheus
         prom.config["rule_files"] = [str(path) for path in sorted(rules.glob("flopwatch-*.yml"))]
         prom.reload()

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.fleet_prometheus import FLEET_HISTORY_S, scraped_fleet
-from bench.scale_prometheus import _groups, _window, bench_scenario, rule_cores_needed, scrape_targets, uptime
+from bench.scale_prometheus import _groups, _window, bench_scenario, measured_fleet, rule_cores_needed, uptime
 from bench.sim_capacity import report
 from flopwatch.stack import Prometheus
 from flopwatch.stack.process import MissingBinary
@@ -81,9 +80,7 @@ def _load(prom: Prometheus, folder: Path) -> None:
 def measure(nodes: int, folders: dict[str, Path], rounds: int, seconds: float, warmup: float) -> dict[str, object]:
     scenario = bench_scenario(nodes)
     gpus = nodes * scenario.fleet.gpus_per_node
-    with scraped_fleet(scenario, scrape_interval="5s", self_scrape=False, tick=5.0,
-                       targets=scrape_targets(scenario), query_timeout=300,
-                       extra_args=["--query.max-samples=200000000"], history=FLEET_HISTORY_S) as scraped:
+    with measured_fleet(scenario) as scraped:
         prom = scraped.prometheus
         load_at_start = uptime()
         time.sleep(min(20.0, warmup))

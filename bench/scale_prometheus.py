@@ -54,6 +54,7 @@ import timeit
 import urllib.request
 from collections import defaultdict
 from collections.abc import Collection
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 
@@ -258,10 +259,16 @@ def serve_with_rules(nodes: int, seconds: float, interval: float = 5.0, tick: fl
     scenario = bench_scenario(nodes, interval, exporter, fabric)
     # a slower tick than the scrape interval spares the CPU Prometheus needs; scrapes, series and
     # samples are the same (values change every `tick` seconds instead of every scrape)
-    with scraped_fleet(scenario, scrape_interval=f"{interval:g}s", self_scrape=False, tick=tick or interval,
-                       targets=scrape_targets(scenario), query_timeout=300,
-                       extra_args=["--query.max-samples=200000000"], history=FLEET_HISTORY_S) as scraped:
+    with measured_fleet(scenario, interval, tick) as scraped:
         return _measure_rules(scraped, seconds, interval, tick, rule_files, warmup)
+
+
+def measured_fleet(scenario: Scenario, interval: float = 5.0, tick: float | None = None) -> AbstractContextManager:
+    """The fleet and Prometheus the rule benchmarks measure on (bench/fleet_prometheus.py's
+    scraped_fleet): no self-scrape, every target of the scenario, room for the heaviest query."""
+    return scraped_fleet(scenario, scrape_interval=f"{interval:g}s", self_scrape=False, tick=tick or interval,
+                         targets=scrape_targets(scenario), query_timeout=300,
+                         extra_args=["--query.max-samples=200000000"], history=FLEET_HISTORY_S)
 
 
 def _groups(rules: dict[str, object]) -> dict[str, dict[str, float]]:
